@@ -1,0 +1,20 @@
+"""Request-scoped access to the objects the lifespan built."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from fastapi import Request
+
+from grm_service.proxy import Gateway
+
+PIN_HEADER = "x-grm-pin-replica"
+
+
+def gateway(request: Request) -> Gateway:
+    return cast(Gateway, request.app.state.gateway)
+
+
+def pinned_replica(request: Request) -> str | None:
+    """Routing override for checks that must reach one replica (e.g. `verify`)."""
+    return request.headers.get(PIN_HEADER)

@@ -1,0 +1,51 @@
+"""Health, readiness, metrics and the service identity."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from grm_service.api.deps import gateway
+from grm_service.fingerprint import Identity
+from grm_service.proxy import Gateway
+
+router = APIRouter()
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The gateway process is up (replicas may still be starting: see /ready)."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(gw: GatewayDep) -> JSONResponse:
+    replicas = [
+        {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,
+         "in_flight": r.gate.inflight, "pid": r.pid}
+        for r in gw.pool.replicas
+    ]
+    ok = bool(gw.pool.ready()) and not gw.draining
+    return JSONResponse({"ready": ok, "replicas": replicas}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(gw: GatewayDep) -> Response:
+    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/fingerprint")
+async def fingerprint(gw: GatewayDep) -> Identity:
+    return gw.identity
+
+
+@router.get("/v1/capabilities")
+async def capabilities(gw: GatewayDep) -> dict[str, Any]:
+    caps = gw.capabilities
+    return {"batch_invariant": caps.batch_invariant,
+            "sampling_invariant": caps.sampling_invariant, "note": caps.note,
+            "serialize": gw.settings.serialize, "routing": gw.settings.routing}

@@ -1,0 +1,31 @@
+"""OpenAI-compatible routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from grm_service.api.deps import gateway, pinned_replica
+from grm_service.api.schemas import ChatCompletionRequest
+from grm_service.proxy import Gateway, forward, prepare, wrap
+
+router = APIRouter()
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+PinDep = Annotated[str | None, Depends(pinned_replica)]
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
+    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
+    forwarded = await forward(gw, "/v1/chat/completions", body, pin)
+    return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())
+
+
+@router.get("/v1/models")
+async def models(gw: GatewayDep) -> dict[str, Any]:
+    card = {"id": gw.settings.model_name, "object": "model", "owned_by": "grm-service",
+            "root": gw.settings.model or gw.settings.model_name}
+    return {"object": "list", "data": [card]}

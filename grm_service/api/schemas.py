@@ -1,0 +1,25 @@
+"""Request bodies the gateway validates itself; everything else passes through to the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_INT64 = 2**63 - 1
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI chat completion; unknown fields are kept and forwarded untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    seed: int | None = Field(None, ge=0, le=_INT64)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    stream: bool | None = None

@@ -1,0 +1,116 @@
+"""The `grm-service` command line. Every option is also an env var: GRM_<OPTION>."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+
+from grm_service.api.app import create_app
+from grm_service.config import EngineName, RoutingMode, SerializeMode, Settings
+from grm_service.engines import select_engine
+from grm_service.identity import build_identity
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Deterministic scoring service for reward models.")
+log = logging.getLogger("grm_service")
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def build_settings(**given: Any) -> Settings:
+    """Flags given on the command line win; the rest come from GRM_* env vars or defaults."""
+    fields = {k: v for k, v in given.items() if v is not None and v != [] and v != ()}
+    try:
+        return Settings(**fields)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()
+        )
+        raise typer.BadParameter(problems) from None
+
+
+Model = Annotated[str | None, typer.Option(help="Model folder or hub id. [env GRM_MODEL]")]
+Seed = Annotated[int | None, typer.Option(help="Seed of every replica and request. [GRM_SEED]")]
+Engine = Annotated[EngineName | None, typer.Option(help="Engine profile. [GRM_ENGINE]")]
+Dtype = Annotated[str | None, typer.Option(help="Engine dtype. [GRM_DTYPE]")]
+
+
+@app.command(context_settings=_EXTRA)
+def serve(
+    ctx: typer.Context,
+    model: Model = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas to launch. [GRM_REPLICAS]")] = None,
+    seed: Seed = None,
+    host: Annotated[str | None, typer.Option(help="Bind address. [GRM_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="Gateway port. [GRM_PORT]")] = None,
+    engine: Engine = None,
+    gpus: Annotated[str | None, typer.Option(help="GPU ids, e.g. 0,1. [GRM_GPUS]")] = None,
+    backend_url: Annotated[
+        list[str] | None, typer.Option(help="Attach a running replica (repeatable).")
+    ] = None,
+    serialize: Annotated[SerializeMode | None, typer.Option(help="[GRM_SERIALIZE]")] = None,
+    routing: Annotated[RoutingMode | None, typer.Option(help="[GRM_ROUTING]")] = None,
+    dtype: Dtype = None,
+    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
+    max_tokens_default: Annotated[int | None, typer.Option(help="[GRM_MAX_TOKENS_DEFAULT]")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="Logs, temp, caches.")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+) -> None:
+    """Launch N deterministic replicas behind the gateway. Extra engine args go after `--`."""
+    _setup_logging(log_level)
+    settings = build_settings(
+        model=model, replicas=replicas, seed=seed, host=host, port=port, engine=engine,
+        gpus=gpus, backend_urls=backend_url, serialize=serialize, routing=routing, dtype=dtype,
+        max_model_len=max_model_len, max_tokens_default=max_tokens_default,
+        served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
+    )
+    raise typer.Exit(run_server(settings, log_level))
+
+
+def run_server(settings: Settings, log_level: str = "info") -> int:
+    """Serve until a signal or a fatal start-up error; the exit code says which."""
+    failure: list[str] = []
+    config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
+                            log_level=log_level, lifespan="on", timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+
+    def fatal(message: str) -> None:
+        failure.append(message)
+        server.should_exit = True
+
+    config.app = create_app(settings, on_fatal=fatal)
+    asyncio.run(server.serve())
+    return 1 if failure else 0
+
+
+@app.command()
+def fingerprint(
+    model: Model = None,
+    seed: Seed = None,
+    engine: Engine = None,
+    dtype: Dtype = None,
+) -> None:
+    """Print the fingerprint id, model hash and env-digest inputs without starting anything."""
+    _setup_logging("warning")
+    settings = build_settings(model=model, seed=seed, engine=engine, dtype=dtype)
+    eng = select_engine(settings)
+    identity = build_identity(settings, eng, serialized=not eng.capabilities().batch_invariant)
+    sys.stdout.write(json.dumps(identity.model_dump(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    app()

