@@ -7,7 +7,15 @@ from grm_service.engines.base import Capabilities, Engine, ReplicaSpec, gpu_fact
 from grm_service.engines.vllm_cpu import VllmCpu
 from grm_service.engines.vllm_gpu import VllmGpu
 
-__all__ = ["Capabilities", "Engine", "ReplicaSpec", "resolve_engine", "select_engine"]
+__all__ = [
+    "Capabilities",
+    "Engine",
+    "ReplicaSpec",
+    "VllmCpu",
+    "VllmGpu",
+    "resolve_engine",
+    "select_engine",
+]
 
 
 def resolve_engine(requested: EngineName) -> EngineName:

@@ -1,0 +1,122 @@
+"""The gateway itself, in front of STUB OpenAI backends (no model runs here)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import Proc, running_gateway, start_stub
+
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stub")
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp: Path) -> Iterator[list[Proc]]:
+    procs = [start_stub(tmp), start_stub(tmp)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp: Path, stubs: list[Proc]) -> Iterator[Proc]:
+    args = [a for s in stubs for a in ("--backend-url", s.url)]
+    with running_gateway(tmp, *args, "--served-model-name", "rm", "--seed", "11",
+                         timeout=60) as proc:
+        yield proc
+
+
+def chat(gateway: Proc, **body: object) -> httpx.Response:
+    return httpx.post(gateway.url + "/v1/chat/completions",
+                      json={"messages": MSGS, **body}, timeout=30)
+
+
+def test_fingerprint_in_body_and_headers(gateway: Proc) -> None:
+    r = chat(gateway)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    fp = body["grm_fingerprint"]
+    assert body["system_fingerprint"] == fp["fingerprint_id"] == r.headers["x-grm-fingerprint"]
+    assert fp["seed"] == 11 and r.headers["x-grm-seed"] == "11"
+    assert fp["replica"] == r.headers["x-grm-replica"] in ("r0", "r1")
+    assert fp["request_digest"] == r.headers["x-grm-request-digest"]
+    assert fp["response_digest"] == r.headers["x-grm-response-digest"]
+    service = httpx.get(gateway.url + "/v1/fingerprint").json()
+    assert service["fingerprint_id"] == fp["fingerprint_id"]
+    assert service["env_inputs"]["launcher"] == "attach"
+
+
+def test_seed_injected_and_client_seed_kept(gateway: Proc) -> None:
+    injected = chat(gateway).json()
+    explicit = chat(gateway, seed=11, max_tokens=4096, model="rm").json()
+    other = chat(gateway, seed=12).json()
+    # The stub's text is a hash of the bytes it received: same bytes <=> same text.
+    content = injected["choices"][0]["message"]["content"]
+    assert explicit["choices"][0]["message"]["content"] == content
+    assert other["choices"][0]["message"]["content"] != content
+    assert other["grm_fingerprint"]["seed"] == 12
+    assert other["system_fingerprint"] != injected["system_fingerprint"]
+
+
+def test_same_request_same_replica(gateway: Proc) -> None:
+    for i in range(10):
+        seen = {chat(gateway, seed=i).headers["x-grm-replica"] for _ in range(3)}
+        assert len(seen) == 1
+    spread = {chat(gateway, seed=i).headers["x-grm-replica"] for i in range(40)}
+    assert spread == {"r0", "r1"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"stream": True}, 400, "stream=false"),
+        ({"model": "nope"}, 400, "'rm'"),
+        ({"seed": -1}, 422, "seed"),
+        ({"max_tokens": 0}, 422, "max_tokens"),
+        ({"messages": []}, 422, "messages"),
+        ({"top_p": 2}, 422, "top_p"),
+    ],
+)
+def test_bad_requests_get_4xx_with_reason(
+    gateway: Proc, body: dict[str, object], status: int, message: str
+) -> None:
+    r = chat(gateway, **body)
+    assert r.status_code == status, r.text
+    assert message in r.text
+
+
+def test_models_ready_metrics(gateway: Proc) -> None:
+    models = httpx.get(gateway.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "rm"
+    ready = httpx.get(gateway.url + "/ready").json()
+    assert ready["ready"] is True and {r["state"] for r in ready["replicas"]} == {"ready"}
+    text = httpx.get(gateway.url + "/metrics").text
+    assert 'grm_requests_total{replica="r' in text
+    assert "grm_request_duration_seconds_bucket" in text
+    assert 'grm_replica_up{replica="r0"} 1.0' in text
+    assert "grm_service_info{" in text and 'seed="11"' in text
+
+
+def test_failover_to_the_other_replica_then_503(tmp: Path) -> None:
+    a, b = start_stub(tmp), start_stub(tmp)
+    with running_gateway(tmp, "--backend-url", a.url, "--backend-url", b.url,
+                         timeout=60) as gw:
+        owners = {i: chat(gw, seed=i).headers["x-grm-replica"] for i in range(20)}
+        a.stop(signal.SIGKILL)
+        for i in range(20):  # at once, before the health monitor notices
+            r = chat(gw, seed=i)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-grm-replica"] == "r1", owners[i]
+        b.stop(signal.SIGKILL)
+        r = chat(gw, seed=1)
+        assert r.status_code in (502, 503), r.text
+        assert r.headers.get("retry-after")

@@ -1,0 +1,118 @@
+"""Real processes for tests: the gateway CLI and the stub backend, each in its own group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            return self.popen.wait(10)
+        finally:
+            if self.popen.stdout:
+                self.popen.stdout.close()
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def start_stub(tmp: Path, *args: str) -> Proc:
+    log = tmp / f"stub-{time.monotonic_ns()}.log"
+    with log.open("wb") as err:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "grm_service.testing.stub_openai", *args],
+            stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+        )
+    assert popen.stdout is not None
+    line = popen.stdout.readline().decode()
+    assert line.startswith("PORT "), f"stub did not start: {line!r}"
+    return Proc(popen, f"http://127.0.0.1:{int(line.split()[1])}", log)
+
+
+def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Proc:
+    port = free_port()
+    log = tmp / f"gateway-{port}.log"
+    argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
+            "--work-dir", str(tmp / f"work-{port}"), *args]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, **(env or {})})
+    return Proc(popen, f"http://127.0.0.1:{port}", log)
+
+
+def wait_ready(proc: Proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"gateway exited {proc.popen.returncode}:\n{proc.tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(proc.url + "/ready", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"gateway not ready after {timeout} s:\n{proc.tail()}")
+
+
+@contextlib.contextmanager
+def running_gateway(tmp: Path, *args: str, timeout: float = 600) -> Iterator[Proc]:
+    proc = start_gateway(tmp, *args)
+    try:
+        wait_ready(proc, timeout)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, read from /proc (no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

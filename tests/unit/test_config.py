@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from grm_service.config import EngineName, Settings
+
+
+def test_every_field_reads_its_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRM_MODEL", "/m")
+    monkeypatch.setenv("GRM_REPLICAS", "3")
+    monkeypatch.setenv("GRM_GPUS", "0, 1")
+    monkeypatch.setenv("GRM_ENGINE", "vllm-cpu")
+    monkeypatch.setenv("GRM_BACKEND_URLS", "http://a:1/,http://b:2")
+    monkeypatch.setenv("GRM_ENGINE_ENV", '{"X": "1"}')
+    s = Settings()
+    assert (s.model, s.replicas, s.gpus, s.engine) == ("/m", 3, [0, 1], EngineName.VLLM_CPU)
+    assert s.backend_urls == ["http://a:1", "http://b:2"]
+    assert s.engine_env == {"X": "1"}
+
+
+def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRM_SEED", "5")
+    assert Settings(model="m", seed=9).seed == 9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "--model is required"),
+        ({"model": "m", "replicas": 0}, "greater than or equal to 1"),
+        ({"backend_urls": ["ftp://x"]}, "must start with http"),
+        ({"model": "m", "serialize": "sometimes"}, "'auto', 'on' or 'off'"),
+    ],
+)
+def test_invalid_settings_say_what_to_fix(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings(model="m")
+    with pytest.raises(ValidationError):
+        s.seed = 1  # type: ignore[misc]

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from grm_service import fingerprint
+from grm_service.config import Settings
+from grm_service.engines import VllmCpu, VllmGpu
+
+
+def _model(tmp_path: Path) -> Path:
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "config.json").write_text('{"a": 1}')
+    (root / "model.safetensors").write_bytes(b"\x00weights" * 100)
+    (root / "README.md").write_text("not part of the numbers")
+    return root
+
+
+def test_model_hash_covers_content_and_names(tmp_path: Path) -> None:
+    root = _model(tmp_path)
+    first = fingerprint.model_hash(str(root))
+    assert first.startswith("blake3:")
+    (root / "README.md").write_text("edited docs")
+    assert fingerprint.model_hash(str(root)) == first
+    (root / "config.json").write_text('{"a": 2}')
+    second = fingerprint.model_hash(str(root))
+    assert second != first
+    (root / "config.json").rename(root / "config2.json")
+    assert fingerprint.model_hash(str(root)) != second
+
+
+def test_model_hash_cache_is_keyed_by_size_and_mtime(tmp_path: Path) -> None:
+    root = _model(tmp_path)
+    cache = tmp_path / "cache"
+    first = fingerprint.model_hash(str(root), cache)
+    weights = root / "model.safetensors"
+    stat = weights.stat()
+    weights.write_bytes(b"\x01weights" * 100)  # same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert fingerprint.model_hash(str(root), cache) == first, "cache hit expected"
+    assert fingerprint.model_hash(str(root)) != first, "uncached hash sees the new bytes"
+    weights.touch()
+    assert fingerprint.model_hash(str(root), cache) != first
+
+
+def test_hub_id_is_marked_as_name_only() -> None:
+    assert fingerprint.model_hash("org/not-a-local-folder").startswith("name:")
+
+
+def _digest(**overrides: object) -> str:
+    settings = Settings(model="m", **overrides)  # type: ignore[arg-type]
+    return fingerprint.env_digest(VllmGpu(settings).env_inputs())
+
+
+def test_env_digest_ignores_placement() -> None:
+    base = _digest()
+    assert _digest(replicas=4, port=9999, host="0.0.0.0") == base
+    assert _digest(work_dir=Path("/elsewhere")) == base
+
+
+@pytest.mark.parametrize(
+    "var",
+    ["VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC",
+     "NCCL_DETERMINISTIC", "NCCL_ALGO", "NCCL_PROTO", "PYTHONHASHSEED"],
+)
+def test_env_digest_changes_with_each_deterministic_var(var: str) -> None:
+    assert _digest(engine_env={var: "changed"}) != _digest()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"dtype": "bfloat16"}, {"max_model_len": 1024},
+     {"engine_args": ["--tensor-parallel-size", "2"]}, {"engine_args": ["--quantization=fp8"]},
+     {"engine_args": ["--enforce-eager"]}, {"seed": 7}],
+)
+def test_env_digest_changes_with_numerics(overrides: dict[str, object]) -> None:
+    assert _digest(**overrides) != _digest()
+
+
+def test_cpu_profile_never_sets_batch_invariance() -> None:
+    inputs = VllmCpu(Settings(model="m")).env_inputs()
+    assert "VLLM_BATCH_INVARIANT" not in inputs["env"]
+    assert VllmCpu(Settings(model="m")).capabilities().batch_invariant is False
+
+
+def test_fingerprint_id_depends_on_each_part() -> None:
+    base = fingerprint.fingerprint_id(1, "m", "e")
+    assert base.startswith("grm-")
+    assert len({base, fingerprint.fingerprint_id(2, "m", "e"),
+                fingerprint.fingerprint_id(1, "m2", "e"),
+                fingerprint.fingerprint_id(1, "m", "e2")}) == 4
+
+
+def test_response_digest_covers_content_and_logprobs_only() -> None:
+    choice = {"index": 0, "message": {"content": "hi"}, "logprobs": {"content": [1.0]}}
+    payload = {"id": "a", "created": 1, "choices": [choice]}
+    same = {"id": "b", "created": 2, "choices": [choice]}
+    other = {"choices": [{**choice, "logprobs": {"content": [1.5]}}]}
+    assert fingerprint.response_digest(payload) == fingerprint.response_digest(same)
+    assert fingerprint.response_digest(payload) != fingerprint.response_digest(other)
