@@ -28,6 +28,8 @@ _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per backend call would drown the lifecycle events.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def build_settings(**given: Any) -> Settings:

@@ -25,6 +25,16 @@ class SerializeMode(StrEnum):
     OFF = "off"
 
 
+class Launcher(StrEnum):
+    LOCAL = "local"  # child processes of the gateway
+    RAY = "ray"  # one Ray actor per replica on an existing Ray cluster
+
+
+class RayPlacement(StrEnum):
+    SPREAD = "spread"
+    PACK = "pack"
+
+
 class RoutingMode(StrEnum):
     RENDEZVOUS = "rendezvous"
     LEAST_LOADED = "least-loaded"
@@ -61,6 +71,14 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Attach to replicas started elsewhere instead of launching (comma-separated).",
     )
+    launcher: Launcher = Field(Launcher.LOCAL, description="local | ray.")
+    ray_address: str = Field("", description="Ray cluster address (empty: start or join local).")
+    ray_placement: RayPlacement = Field(RayPlacement.SPREAD, description="spread | pack.")
+    scorers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Custom scorers, NAME=module:function (comma-separated).",
+    )
+    score_concurrency: int = Field(64, ge=1, description="Items of one batch in flight at once.")
     dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context length.")
     engine_args: Annotated[list[str], NoDecode] = Field(
@@ -88,7 +106,7 @@ class Settings(BaseSettings):
         default_factory=_default_cache_dir, description="Model-hash cache and tiny models."
     )
 
-    @field_validator("gpus", "backend_urls", "engine_args", mode="before")
+    @field_validator("gpus", "backend_urls", "engine_args", "scorers", mode="before")
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
