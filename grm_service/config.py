@@ -98,6 +98,24 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Replicas tried per request (failover).")
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the restart backoff.")
     shutdown_grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace.")
+    max_inflight_per_replica: int = Field(
+        256, ge=1, description="Requests one replica may hold at once (co-batched)."
+    )
+    max_queue: int = Field(1024, ge=0, description="Requests waiting for a replica; more -> 429.")
+    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a replica -> 429.")
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time for in-flight work.")
+    max_body_bytes: int = Field(64 << 20, ge=1024, description="Largest request body -> 413.")
+    max_image_bytes: int = Field(20 << 20, ge=1, description="Largest decoded image.")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image (width*height).")
+    image_url_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="URL prefixes the engine may fetch images from (default: data URLs only).",
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer keys; empty = no auth (comma-separated)."
+    )
+    api_keys_file: Path | None = Field(None, description="File with one bearer key per line.")
+    metrics_auth: bool = Field(False, description="Require a key for /metrics too.")
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
         description="Replica logs, temp and compile caches.",
@@ -106,7 +124,10 @@ class Settings(BaseSettings):
         default_factory=_default_cache_dir, description="Model-hash cache and tiny models."
     )
 
-    @field_validator("gpus", "backend_urls", "engine_args", "scorers", mode="before")
+    @field_validator(
+        "gpus", "backend_urls", "engine_args", "scorers", "image_url_allowlist", "api_keys",
+        mode="before",
+    )
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
@@ -124,6 +145,13 @@ class Settings(BaseSettings):
         if not self.model and not self.backend_urls:
             raise ValueError("--model is required unless --backend-url attaches replicas")
         return self
+
+    def all_api_keys(self) -> list[str]:
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            lines = self.api_keys_file.read_text().splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        return keys
 
     @property
     def model_name(self) -> str:

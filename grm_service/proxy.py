@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from grm_service.engines import Capabilities
 from grm_service.errors import (
     BackendFailed,
     BackendRejected,
+    Overloaded,
     ServiceUnavailable,
     StreamingUnsupported,
     UnknownModel,
@@ -52,7 +54,11 @@ class Gateway:
     client: httpx.AsyncClient
     metrics: Metrics
     draining: bool = False
-    pinned: dict[str, str] = field(default_factory=dict)
+    queued: int = 0
+
+    @property
+    def inflight(self) -> int:
+        return self.queued + sum(r.gate.inflight for r in self.pool.replicas)
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,10 @@ def _truncates_sampling(body: dict[str, Any]) -> bool:
     return top_p is None or top_p < 1 or (top_k is not None and top_k > 0)
 
 
+# vLLM's batch invariance covers sampling, not pooling: these always run alone on a replica.
+POOLING_PATHS = frozenset({"/classify", "/pooling"})
+
+
 def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
     if mode is not SerializeMode.AUTO:
         return mode is SerializeMode.ON
@@ -107,23 +117,46 @@ def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     return [ready[n] for n in names]
 
 
+async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
+    """Wait for a slot on the replica, within the queue's size and time bounds."""
+    settings = gw.settings
+    if gw.queued >= settings.max_queue:
+        raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
+    gw.queued += 1
+    try:
+        async with asyncio.timeout(settings.queue_timeout_s):
+            await replica.gate.acquire(alone, settings.max_inflight_per_replica)
+    except TimeoutError:
+        wait = settings.queue_timeout_s
+        raise Overloaded(f"no free slot within {wait:.0f} s: retry later", retry_after=1) from None
+    finally:
+        gw.queued -= 1
+
+
+async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> httpx.Response:
+    gauge = gw.metrics.inflight.labels(replica=replica.name)
+    gauge.inc()
+    try:
+        return await gw.client.post(
+            replica.url + path, content=raw, timeout=gw.settings.request_timeout_s,
+            headers={"content-type": "application/json"},
+        )
+    except httpx.TimeoutException as err:
+        raise _Retryable("timeout", f"{replica.name}: timed out") from err
+    except httpx.TransportError as err:
+        raise _Retryable("connection", f"{replica.name}: {err!r}") from err
+    finally:
+        gauge.dec()
+
+
 async def _attempt(
     gw: Gateway, replica: Replica, path: str, raw: bytes, alone: bool
 ) -> dict[str, Any]:
-    async with replica.gate.slot(alone):
-        gauge = gw.metrics.inflight.labels(replica=replica.name)
-        gauge.inc()
-        try:
-            response = await gw.client.post(
-                replica.url + path, content=raw, timeout=gw.settings.request_timeout_s,
-                headers={"content-type": "application/json"},
-            )
-        except httpx.TimeoutException as err:
-            raise _Retryable("timeout", f"{replica.name}: timed out") from err
-        except httpx.TransportError as err:
-            raise _Retryable("connection", f"{replica.name}: {err!r}") from err
-        finally:
-            gauge.dec()
+    await _admit(gw, replica, alone)
+    try:
+        response = await _post(gw, replica, path, raw)
+    finally:
+        await replica.gate.release(alone)
     return _decode(replica, response)
 
 
@@ -160,7 +193,7 @@ async def forward(
     order = route(gw, router.request_key(body), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
-    alone = must_run_alone(body, gw.capabilities, gw.settings.serialize)
+    alone = path in POOLING_PATHS or must_run_alone(body, gw.capabilities, gw.settings.serialize)
     errors = []
     for replica in order[: gw.settings.max_attempts]:
         try:

@@ -17,11 +17,13 @@ class ReplicaState(StrEnum):
     STARTING = "starting"
     READY = "ready"
     DOWN = "down"
+    REJECTED = "rejected"  # answers, but is not the model/engine the others are: never routed to
     STOPPED = "stopped"
 
 
 class Gate:
-    """An asyncio reader-writer lock that prefers writers, so exclusive requests never starve."""
+    """An asyncio reader-writer lock with a bound on shared holders; writers are preferred, so
+    exclusive requests never starve behind a stream of shared ones."""
 
     def __init__(self) -> None:
         self._cond = asyncio.Condition()
@@ -33,36 +35,44 @@ class Gate:
     def inflight(self) -> int:
         return self._shared + int(self._exclusive)
 
-    @contextlib.asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting_exclusive)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+    def _shared_free(self, capacity: int) -> bool:
+        return not (self._exclusive or self._waiting_exclusive) and self._shared < capacity
 
-    @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
+    async def acquire(self, exclusive: bool, capacity: int = 1 << 30) -> None:
         async with self._cond:
+            if not exclusive:
+                await self._cond.wait_for(lambda: self._shared_free(capacity))
+                self._shared += 1
+                return
             self._waiting_exclusive += 1
             try:
                 await self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
             finally:
                 self._waiting_exclusive -= 1
+                self._cond.notify_all()
             self._exclusive = True
+
+    async def release(self, exclusive: bool) -> None:
+        async with self._cond:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, exclusive: bool, capacity: int = 1 << 30) -> AsyncIterator[None]:
+        await self.acquire(exclusive, capacity)
         try:
             yield
         finally:
-            async with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
+            await self.release(exclusive)
 
-    def slot(self, exclusive: bool) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.exclusive() if exclusive else self.shared()
+    def shared(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.slot(False)
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.slot(True)
 
 
 @dataclass
@@ -72,6 +82,7 @@ class Replica:
     state: ReplicaState = ReplicaState.STARTING
     restarts: int = 0
     pid: int | None = None
+    detail: str = ""  # why the replica is not ready, when it is known
     gate: Gate = field(default_factory=Gate)
 
     @property

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -78,8 +79,8 @@ class Backend:
         return env
 
     async def start(self) -> None:
-        for sub in ("tmp", "vllm-cache"):
-            (self.spec.work_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.spec.work_dir / "vllm-cache").mkdir(parents=True, exist_ok=True)
+        self.spec.tmp_dir.mkdir(parents=True, exist_ok=True)
         argv = self.engine.argv(self.spec)
         read_end, self._lifeline = os.pipe()
         with self.log_path.open("ab") as out:
@@ -116,6 +117,8 @@ class Backend:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+        # The engine leaves its IPC socket files behind; they are ours to clear.
+        shutil.rmtree(self.spec.tmp_dir, ignore_errors=True)
         log.info("replica %s stopped (exit %s)", self.spec.name, self._proc.returncode)
 
 

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from grm_service.api.deps import gateway, pinned_replica
 from grm_service.api.schemas import ChatCompletionRequest
+from grm_service.inputs import check_messages
 from grm_service.proxy import Gateway, forward, prepare, wrap
 
 router = APIRouter()
@@ -19,6 +20,7 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
+    check_messages(req.messages, gw.settings)
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin)
     return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -9,6 +10,7 @@ import platform
 import re
 import shutil
 import subprocess
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
@@ -37,6 +39,13 @@ class ReplicaSpec:
     port: int
     work_dir: Path
     gpus: tuple[int, ...] = ()
+
+    @property
+    def tmp_dir(self) -> Path:
+        """A short temp dir: vLLM puts ZeroMQ IPC sockets there, and a Unix socket path must fit
+        in 107 bytes, which a deep work dir would overflow."""
+        tag = hashlib.blake2b(str(self.work_dir).encode(), digest_size=5).hexdigest()
+        return Path(tempfile.gettempdir()) / f"grm-{tag}-{self.name}"
 
 
 def distribution_version(name: str) -> str:

@@ -43,7 +43,7 @@ class VllmCpu(Engine):
         return {
             # Default binding puts every replica's worker on core 0; give each its own core.
             "VLLM_CPU_OMP_THREADS_BIND": str(spec.index % cores),
-            "TMPDIR": str(spec.work_dir / "tmp"),
+            "TMPDIR": str(spec.tmp_dir),
             "VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"),
             "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
         }

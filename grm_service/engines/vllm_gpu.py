@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 
-from grm_service import determinism
+from grm_service import determinism, vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec, gpu_facts
 
 
-def _sampler_patch_supported(version: str) -> bool:
-    """True where grm-service's vLLM plugin makes top-p/top-k sampling batch-invariant."""
-    try:
-        from grm_service import vllm_plugin
-    except ImportError:
+def _sampling_invariant(version: str, env: Mapping[str, str]) -> bool:
+    """True where top-p/top-k sampling takes one path at every batch size: vLLM does so itself,
+    or grm-service's vLLM plugin makes it (a version it knows, or one the user forced)."""
+    path = vllm_plugin.KNOWN_VERSIONS.get(version.split("+", 1)[0])
+    mode = env.get(vllm_plugin.SWITCH_ENV, vllm_plugin.Mode.AUTO.value).strip().lower()
+    if path is vllm_plugin.Sampling.TRITON_ALWAYS:
+        return True
+    if mode == vllm_plugin.Mode.OFF.value:
         return False
-    return bool(vllm_plugin.supports(version))
+    return path is not None or mode == vllm_plugin.Mode.FORCE.value
 
 
 class VllmGpu(Engine):
@@ -22,7 +27,8 @@ class VllmGpu(Engine):
     distribution = "vllm"
 
     def capabilities(self) -> Capabilities:
-        sampling = _sampler_patch_supported(self.version())
+        env = {**os.environ, **self.settings.engine_env}
+        sampling = _sampling_invariant(self.version(), env)
         note = "VLLM_BATCH_INVARIANT=1: co-batched requests get the same bits"
         if not sampling:
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
@@ -37,7 +43,7 @@ class VllmGpu(Engine):
         return determinism.gpu_env(self.settings.seed)
 
     def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
-        env = {"VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache")}
+        env = {"VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"), "TMPDIR": str(spec.tmp_dir)}
         if spec.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         return env

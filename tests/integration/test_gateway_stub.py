@@ -109,6 +109,7 @@ def test_models_ready_metrics(gateway: Proc) -> None:
 def test_failover_to_the_other_replica_then_503(tmp: Path) -> None:
     a, b = start_stub(tmp), start_stub(tmp)
     with running_gateway(tmp, "--backend-url", a.url, "--backend-url", b.url,
+                         "--served-model-name", "rm",
                          timeout=60) as gw:
         owners = {i: chat(gw, seed=i).headers["x-grm-replica"] for i in range(20)}
         a.stop(signal.SIGKILL)

@@ -81,8 +81,10 @@ def wait_ready(proc: Proc, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def running_gateway(tmp: Path, *args: str, timeout: float = 600) -> Iterator[Proc]:
-    proc = start_gateway(tmp, *args)
+def running_gateway(
+    tmp: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> Iterator[Proc]:
+    proc = start_gateway(tmp, *args, env=env)
     try:
         wait_ready(proc, timeout)
         yield proc

@@ -1,0 +1,84 @@
+"""Body-size limit and bearer-key auth as plain ASGI middleware (before any body is parsed)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from grm_service.config import Settings
+
+OPEN_PATHS = frozenset({"/health", "/ready"})
+
+
+Headers = list[tuple[bytes, bytes]]
+
+
+async def _refuse(send: Send, status: int, message: str, headers: Headers) -> None:
+    body = json.dumps({"error": {"message": message, "type": "refused", "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guards:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.limit = settings.max_body_bytes
+        self.keys = [key.encode() for key in settings.all_api_keys()]
+        self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | {"/metrics"}
+
+    def _authorized(self, scope: Scope) -> bool:
+        if not self.keys or scope["path"] in self.open_paths:
+            return True
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        # Compare against every key, always: the time taken must not tell which one matched.
+        matches = [hmac.compare_digest(token.strip(), key) for key in self.keys]
+        return any(matches)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if not self._authorized(scope):
+            await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
+                          "<key>'", [(b"www-authenticate", b"Bearer")])
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            size = int(declared)
+            await _refuse(send, 413, f"body is {size} bytes; the limit is {self.limit}", [])
+            return
+        await self._limited(scope, receive, send)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body up to the limit before the app sees it (the app would buffer it anyway);
+        a chunked body gives no length up front."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _refuse(send, 413, f"body exceeds the limit of {self.limit} bytes", [])
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)

