@@ -14,7 +14,15 @@ import uvicorn
 from pydantic import ValidationError
 
 from grm_service.api.app import create_app
-from grm_service.config import EngineName, RoutingMode, SerializeMode, Settings
+from grm_service.commands.backend import exec_backend
+from grm_service.config import (
+    EngineName,
+    Launcher,
+    RayPlacement,
+    RoutingMode,
+    SerializeMode,
+    Settings,
+)
 from grm_service.engines import select_engine
 from grm_service.identity import build_identity
 
@@ -70,6 +78,9 @@ def serve(
     max_tokens_default: Annotated[int | None, typer.Option(help="[GRM_MAX_TOKENS_DEFAULT]")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="Logs, temp, caches.")] = None,
+    launcher: Annotated[Launcher | None, typer.Option(help="[GRM_LAUNCHER]")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="[GRM_RAY_ADDRESS]")] = None,
+    ray_placement: Annotated[RayPlacement | None, typer.Option(help="[GRM_RAY_PLACEMENT]")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
 ) -> None:
     """Launch N deterministic replicas behind the gateway. Extra engine args go after `--`."""
@@ -79,6 +90,7 @@ def serve(
         gpus=gpus, backend_urls=backend_url, serialize=serialize, routing=routing, dtype=dtype,
         max_model_len=max_model_len, max_tokens_default=max_tokens_default,
         served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
+        launcher=launcher, ray_address=ray_address, ray_placement=ray_placement,
     )
     raise typer.Exit(run_server(settings, log_level))
 
@@ -112,6 +124,29 @@ def fingerprint(
     eng = select_engine(settings)
     identity = build_identity(settings, eng, serialized=not eng.capabilities().batch_invariant)
     sys.stdout.write(json.dumps(identity.model_dump(), indent=2) + "\n")
+
+
+@app.command(context_settings=_EXTRA)
+def backend(
+    ctx: typer.Context,
+    model: Model = None,
+    seed: Seed = None,
+    host: Annotated[str | None, typer.Option(help="Engine bind address. [GRM_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="Engine port. [GRM_PORT]")] = None,
+    engine: Engine = None,
+    dtype: Dtype = None,
+    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="Temp and compile caches.")] = None,
+) -> None:
+    """Run ONE deterministic replica in the foreground (one container per GPU; attach with
+    `serve --backend-url`). Extra engine args go after `--`."""
+    _setup_logging("info")
+    exec_backend(build_settings(
+        model=model, seed=seed, host=host, port=port, engine=engine, dtype=dtype,
+        max_model_len=max_model_len, served_model_name=served_model_name, work_dir=work_dir,
+        engine_args=list(ctx.args),
+    ))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from grm_service import __version__
 from grm_service.api import routes_admin, routes_openai
 from grm_service.api.middleware import MetricsMiddleware
 from grm_service.attach import AttachedReplicas
-from grm_service.config import SerializeMode, Settings
+from grm_service.config import Launcher, SerializeMode, Settings
 from grm_service.engines import Engine, select_engine
 from grm_service.errors import GrmError, error_body
 from grm_service.identity import build_identity
@@ -47,6 +47,11 @@ def _always_serialized(engine: Engine, mode: SerializeMode) -> bool:
 def _source(settings: Settings, engine: Engine, metrics: Metrics) -> ReplicaSource:
     if settings.attach:
         return AttachedReplicas(settings, metrics)
+    if settings.launcher is Launcher.RAY:
+        # Imported here: Ray is an optional extra (`grm-service[ray]`).
+        from grm_service.launchers.ray import RayReplicas
+
+        return RayReplicas(settings, engine, metrics)
     return Supervisor(settings, engine, metrics)
 
 

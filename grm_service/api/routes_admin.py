@@ -26,7 +26,7 @@ async def health() -> dict[str, str]:
 async def ready(gw: GatewayDep) -> JSONResponse:
     replicas = [
         {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,
-         "in_flight": r.gate.inflight, "pid": r.pid}
+         "in_flight": r.gate.inflight, "pid": r.pid, "detail": r.detail}
         for r in gw.pool.replicas
     ]
     ok = bool(gw.pool.ready()) and not gw.draining

@@ -33,7 +33,8 @@ def _completion(body: dict[str, Any], raw: bytes) -> dict[str, Any]:
     }
 
 
-def build_app(delay_s: float = 0.0, fail: bool = False) -> Starlette:
+def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
+              version: str = "stub") -> Starlette:
     async def health(_: Request) -> Response:
         return Response(status_code=500 if fail else 200)
 
@@ -45,11 +46,17 @@ def build_app(delay_s: float = 0.0, fail: bool = False) -> Starlette:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
         return JSONResponse(_completion(json.loads(raw), raw))
 
-    async def version(_: Request) -> JSONResponse:
-        return JSONResponse({"version": "stub"})
+    async def engine_version(_: Request) -> JSONResponse:
+        return JSONResponse({"version": version})
+
+    async def models(_: Request) -> JSONResponse:
+        # The fields the gateway's identity check reads from vLLM's /v1/models.
+        return JSONResponse({"object": "list", "data": [
+            {"id": served_model_name, "object": "model", "root": "stub", "max_model_len": 512}
+        ]})
 
     return Starlette(routes=[
-        Route("/health", health), Route("/version", version),
+        Route("/health", health), Route("/version", engine_version), Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
     ])
 
@@ -61,13 +68,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--served-model-name", default="rm")
+    parser.add_argument("--version", default="stub", help="What /version reports.")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
-    config = uvicorn.Config(build_app(args.delay, args.fail), log_level="warning")
+    stub = build_app(args.delay, args.fail, args.served_model_name, args.version)
+    config = uvicorn.Config(stub, log_level="warning")
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 
 
