@@ -15,6 +15,8 @@ from pydantic import ValidationError
 
 from grm_service.api.app import create_app
 from grm_service.commands.backend import exec_backend
+from grm_service.commands.demo import demo_command
+from grm_service.commands.score import score_command
 from grm_service.config import (
     EngineName,
     Launcher,
@@ -148,6 +150,9 @@ def backend(
         engine_args=list(ctx.args),
     ))
 
+
+app.command("score", context_settings=_EXTRA)(score_command)
+app.command("demo")(demo_command)
 
 if __name__ == "__main__":
     app()

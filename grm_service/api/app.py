@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from grm_service import __version__
-from grm_service.api import routes_admin, routes_openai
+from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
 from grm_service.api.middleware import MetricsMiddleware
 from grm_service.attach import AttachedReplicas
 from grm_service.config import Launcher, SerializeMode, Settings
@@ -115,4 +115,6 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_admin.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_score.router)
+    app.include_router(routes_integrations.router)
     return app

@@ -1,0 +1,99 @@
+"""A service started for one command (`score --serve`, `demo`): a child `grm-service serve`.
+
+It runs in its own session so that its replicas are never hit by the terminal's Ctrl-C before
+the gateway can stop them in order; we stop the gateway with SIGTERM and it stops its replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    model: str
+    work_dir: Path
+    replicas: int = 2
+    engine: str = "vllm-cpu"
+    dtype: str = "float32"
+    max_model_len: int | None = 512
+    engine_args: tuple[str, ...] = ("--enforce-eager",)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, port: int) -> list[str]:
+        argv = [sys.executable, "-m", "grm_service.cli", "serve", "--model", self.model,
+                "--replicas", str(self.replicas), "--engine", self.engine, "--dtype", self.dtype,
+                "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(self.work_dir)]
+        if self.max_model_len:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        return [*argv, "--", *self.engine_args]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited with {proc.returncode}:\n{_tail(log_path)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 90.0) -> None:
+    """SIGTERM the gateway (it drains and stops its replicas); SIGKILL its group if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        log.warning("service %d did not stop in %.0f s: killing its group", proc.pid, grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def local_service(spec: ServeSpec, timeout: float = 900.0) -> Iterator[str]:
+    """Start the service, yield its URL once ready, stop it on the way out."""
+    spec.work_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = spec.work_dir / "gateway.log"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(spec.argv(port), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, **spec.env})
+    url = f"http://127.0.0.1:{port}"
+    log.info("started service pid %d on %s (log %s)", proc.pid, url, log_path)
+    try:
+        wait_ready(url, proc, log_path, timeout)
+        yield url
+    finally:
+        stop(proc)
+        log.info("stopped service pid %d", proc.pid)

@@ -1,0 +1,96 @@
+"""Result files written as scoring completes, in input order, so an interrupted run resumes.
+
+Lines are flushed one by one; on `--resume` a torn last line (a crash mid-write) is dropped and
+the ids already present are skipped, so interrupted + resumed equals one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from grm_service.scoring.models import ItemResult
+
+Format = Literal["jsonl", "csv"]
+CSV_FIELDS = ("id", "score", "status", "error", "response", "fingerprint_id", "replica",
+              "request_digest", "response_digest", "digest")
+
+
+def format_of(path: Path, given: str | None) -> Format:
+    fmt = given or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
+    if fmt not in ("jsonl", "csv"):
+        raise ValueError(f"output format must be jsonl or csv, not {fmt!r}")
+    return "csv" if fmt == "csv" else "jsonl"
+
+
+def csv_row(result: ItemResult) -> dict[str, Any]:
+    fp = result.fingerprint
+    response = result.response
+    return {
+        "id": result.id, "score": "" if result.score is None else repr(result.score),
+        "status": result.status, "error": result.error or "",
+        "response": json.dumps(response) if isinstance(response, list) else response or "",
+        "fingerprint_id": fp.fingerprint_id if fp else "", "replica": fp.replica if fp else "",
+        "request_digest": fp.request_digest if fp else "",
+        "response_digest": fp.response_digest if fp else "", "digest": result.digest,
+    }
+
+
+def _drop_torn_tail(path: Path) -> None:
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end != len(data):
+        with path.open("r+b") as handle:
+            handle.truncate(end)
+
+
+def read_rows(path: Path, fmt: Format) -> list[dict[str, Any]]:
+    """The complete rows of a result file (an absent file has none)."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    text = text[: text.rfind("\n") + 1]
+    if fmt == "csv":
+        return list(csv.DictReader(io.StringIO(text)))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class ResultWriter:
+    """Appends results in input order; out-of-order completions wait for their predecessors."""
+
+    def __init__(self, path: Path, fmt: Format, resume: bool) -> None:
+        self.path, self.fmt = path, fmt
+        if resume and path.is_file():
+            _drop_torn_tail(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+        self.done = {str(row["id"]) for row in read_rows(path, fmt)}
+        self._handle: IO[str] = path.open("a", encoding="utf-8", newline="")
+        self._csv = csv.DictWriter(self._handle, CSV_FIELDS) if fmt == "csv" else None
+        if self._csv is not None and not self.done and path.stat().st_size == 0:
+            self._csv.writeheader()
+        self._pending: dict[int, Sequence[ItemResult]] = {}
+        self._next = 0
+
+    def add(self, index: int, results: Sequence[ItemResult]) -> None:
+        """Results of chunk `index` (0, 1, ...); written once every earlier chunk is."""
+        self._pending[index] = results
+        while self._next in self._pending:
+            for result in self._pending.pop(self._next):
+                self._write(result)
+            self._next += 1
+        self._handle.flush()
+
+    def _write(self, result: ItemResult) -> None:
+        if self._csv is not None:
+            self._csv.writerow(csv_row(result))
+        else:
+            self._handle.write(result.model_dump_json() + "\n")
+
+    def close(self) -> None:
+        self._handle.close()

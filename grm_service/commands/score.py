@@ -1,0 +1,172 @@
+"""`grm-service score`: images or a manifest through a running (or a freshly started) service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+from grm_service.client import AsyncGrmClient, GrmClientError
+from grm_service.commands.local_service import ServeSpec, local_service
+from grm_service.commands.manifest import Entry, ManifestError, load_entries
+from grm_service.commands.results import ResultWriter, format_of, read_rows
+from grm_service.fingerprint import json_digest
+from grm_service.scoring.context import ItemError
+from grm_service.scoring.models import ItemResult, ScoreItem
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    scorer: str
+    sampling: dict[str, Any]
+    options: dict[str, Any]
+    batch_size: int
+    concurrency: int
+
+
+def local_error(entry: Entry, message: str) -> ItemResult:
+    return ItemResult(id=entry.id, score=None, status="error", error=message,
+                      digest=json_digest({"id": entry.id, "score": None, "request_digest": None,
+                                          "response_digest": None}))
+
+
+def build(batch: Sequence[Entry]) -> tuple[list[ScoreItem], dict[str, ItemResult]]:
+    """Items to send, and the results of entries that failed before sending (unreadable file)."""
+    items, failed = [], {}
+    for entry in batch:
+        try:
+            items.append(entry.item())
+        except ItemError as err:
+            failed[entry.id] = local_error(entry, str(err))
+    return items, failed
+
+
+async def score_chunk(
+    client: AsyncGrmClient, batch: Sequence[Entry], job: Job
+) -> list[ItemResult]:
+    items, failed = await asyncio.to_thread(build, batch)
+    answered = {}
+    if items:
+        response = await client.score_batch(items, job.scorer, job.sampling, job.options)
+        answered = {r.id: r for r in response.results}
+    return [failed.get(e.id) or answered[e.id] for e in batch]
+
+
+async def run(url: str, todo: list[Entry], job: Job, writer: ResultWriter,
+              progress: Progress) -> None:
+    task = progress.add_task("scoring", total=len(todo))
+    gate = asyncio.Semaphore(job.concurrency)
+    chunks = [todo[i : i + job.batch_size] for i in range(0, len(todo), job.batch_size)]
+    async with AsyncGrmClient(url, batch_size=job.batch_size) as client:
+
+        async def one(index: int, batch: list[Entry]) -> None:
+            async with gate:
+                results = await score_chunk(client, batch, job)
+            writer.add(index, results)
+            progress.advance(task, len(batch))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, batch in enumerate(chunks):
+                    group.create_task(one(index, batch))
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+
+
+def summary(path: Path, fmt: str) -> str:
+    rows = read_rows(path, "csv" if fmt == "csv" else "jsonl")
+    scores = [float(r["score"]) for r in rows if r["status"] == "ok"]
+    errors = sum(r["status"] == "error" for r in rows)
+    mean = f"{statistics.fmean(scores):.4f}" if scores else "n/a"
+    return f"{len(rows)} items, mean score {mean}, {errors} errors -> {path}"
+
+
+def _json_option(value: str | None, name: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value) if value else {}
+    except ValueError as err:
+        raise typer.BadParameter(f"not JSON: {err}", param_hint=name) from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint=name)
+    return parsed
+
+
+def score_command(
+    ctx: typer.Context,
+    inputs: Annotated[list[str], typer.Argument(help="Image folders, globs, .jsonl/.csv.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Results (.jsonl or .csv).")],
+    url: Annotated[str | None, typer.Option(help="A running service.")] = None,
+    serve: Annotated[bool, typer.Option(help="Start a service for this run.")] = False,
+    model: Annotated[str | None, typer.Option(help="Model for --serve.")] = None,
+    replicas: Annotated[int, typer.Option(help="Replicas for --serve.")] = 2,
+    engine: Annotated[str, typer.Option(help="Engine for --serve.")] = "vllm-cpu",
+    dtype: Annotated[str, typer.Option(help="Dtype for --serve.")] = "auto",
+    max_model_len: Annotated[int | None, typer.Option(help="Context for --serve.")] = None,
+    scorer: Annotated[str, typer.Option(help="Registered scorer.")] = "ocr",
+    sampling: Annotated[str | None, typer.Option(help='JSON, e.g. {"max_tokens": 256}.')] = None,
+    options: Annotated[str | None, typer.Option(help="Scorer options as JSON.")] = None,
+    output_format: Annotated[str | None, typer.Option("--format", help="jsonl | csv.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Items per request.")] = 8,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight.")] = 4,
+    resume: Annotated[bool, typer.Option(help="Skip ids already in --output.")] = False,
+) -> None:
+    """Score images (or a manifest) and write one result per item as they complete.
+
+    Engine args for --serve go after `--`.
+    """
+    if bool(url) == serve:
+        raise typer.BadParameter("give exactly one of --url and --serve")
+    if serve and not model:
+        raise typer.BadParameter("--serve needs --model")
+    try:
+        entries = load_entries(inputs)
+        fmt = format_of(output, output_format)
+    except (ManifestError, ValueError) as err:
+        raise typer.BadParameter(str(err)) from None
+    job = Job(scorer, _json_option(sampling, "--sampling"), _json_option(options, "--options"),
+              batch_size, concurrency)
+    if url:
+        raise typer.Exit(execute(url, entries, job, output, fmt, resume))
+    with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
+        spec = ServeSpec(model=str(model), work_dir=Path(work), replicas=replicas, engine=engine,
+                         dtype=dtype, max_model_len=max_model_len,
+                         engine_args=tuple(ctx.args))
+        with local_service(spec) as started:
+            code = execute(started, entries, job, output, fmt, resume)
+    raise typer.Exit(code)
+
+
+def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,
+            resume: bool) -> int:
+    writer = ResultWriter(output, "csv" if fmt == "csv" else "jsonl", resume)
+    todo = [e for e in entries if e.id not in writer.done]
+    if resume:
+        console.print(f"resuming: {len(writer.done)} done, {len(todo)} to score")
+    columns = (*Progress.get_default_columns()[:2], BarColumn(), MofNCompleteColumn(),
+               TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=console) as progress:
+            asyncio.run(run(url, todo, job, writer, progress))
+    except KeyboardInterrupt:
+        console.print(f"interrupted: results so far are in {output}; rerun with --resume")
+        return 130
+    except GrmClientError as err:
+        console.print(f"[red]scoring failed:[/red] {err}")
+        return 1
+    finally:
+        writer.close()
+    console.print(summary(output, fmt))
+    return 0

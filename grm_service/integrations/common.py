@@ -1,0 +1,65 @@
+"""What the adapters share: the service URL, text out of chat messages, images to data URLs."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+from grm_service.scoring.images import encode_bytes
+from grm_service.scoring.models import ItemResult
+
+URL_ENV = "GRM_SERVICE_URL"
+
+
+class ScoringError(RuntimeError):
+    """An item could not be scored and the adapter was not told what reward to use instead."""
+
+
+def service_url(url: str | None) -> str:
+    found = url or os.environ.get(URL_ENV)
+    if not found:
+        raise ScoringError(f"no grm-service URL: pass url=... or set {URL_ENV}")
+    return found
+
+
+def text_of(value: Any) -> str:
+    """Plain text of a string, a message, or a conversation (its last message)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return text_of(value.get("content"))
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "role" in value[0]:
+        return text_of(value[-1])
+    if isinstance(value, list):  # content parts: keep the text ones
+        return "".join(p.get("text", "") for p in value if isinstance(p, dict))
+    return str(value)
+
+
+def image_of(value: Any) -> str | list[str] | None:
+    """A data URL (or a list for frames) from a string, raw bytes or a PIL image."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return encode_bytes(value)
+    if isinstance(value, list | tuple):
+        frames = [image_of(v) for v in value]
+        flat = [f for f in frames if isinstance(f, str)]
+        return flat[0] if len(flat) == 1 else flat or None
+    if hasattr(value, "save"):  # a PIL image, as TRL passes an `image` column
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG")
+        return encode_bytes(buffer.getvalue())
+    raise ScoringError(f"cannot use {type(value).__name__} as an image")
+
+
+def reward_or(result: ItemResult, error_score: float | None) -> float:
+    """The score, or `error_score` for an error item; without one, an error item raises."""
+    if result.status == "ok" and result.score is not None:
+        return result.score
+    if error_score is None:
+        raise ScoringError(f"item {result.id} failed: {result.error} (pass error_score= to "
+                           "use a fixed reward for failed items instead)")
+    return error_score

@@ -1,0 +1,108 @@
+"""The batch flow of `POST /v1/score`: every item scored concurrently, results in input order.
+
+An item fails alone (bad image, engine refusal, unparsable answer): it comes back with
+`status: error` and a message, never as a silent 0. Only "the service cannot take work now"
+(503/429) fails the whole batch, so that clients retry it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from grm_service.errors import BackendFailed, BackendRejected, UnknownModel
+from grm_service.fingerprint import Fingerprint, json_digest
+from grm_service.scoring.context import ItemError, ScorerContext, Send
+from grm_service.scoring.images import to_data_url
+from grm_service.scoring.models import (
+    BatchFingerprint,
+    ItemResult,
+    ScoreItem,
+    ScoreRequest,
+    ScoreResponse,
+)
+from grm_service.scoring.registry import Scorer
+
+log = logging.getLogger(__name__)
+
+# Failures of one item; anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
+_ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, UnknownModel)
+
+
+async def checked_images(item: ScoreItem) -> ScoreItem:
+    """The item with every image checked and normalised; decoding runs off the event loop."""
+    frames = item.frames()
+    if not frames:
+        return item
+    urls = await asyncio.to_thread(lambda: [to_data_url(f) for f in frames])
+    image: str | list[str] = urls[0] if isinstance(item.image, str) else urls
+    return item.model_copy(update={"image": image})
+
+
+def combine(fingerprints: list[Fingerprint]) -> Fingerprint | None:
+    """One fingerprint for an item that took several requests (video frames)."""
+    if len(fingerprints) <= 1:
+        return fingerprints[0] if fingerprints else None
+    return fingerprints[0].model_copy(update={
+        "replica": ",".join(sorted({f.replica for f in fingerprints})),
+        "serialized": any(f.serialized for f in fingerprints),
+        "request_digest": json_digest([f.request_digest for f in fingerprints]),
+        "response_digest": json_digest([f.response_digest for f in fingerprints]),
+    })
+
+
+def item_digest(item_id: str, score: float | None, fp: Fingerprint | None) -> str:
+    return json_digest({
+        "id": item_id, "score": score,
+        "request_digest": fp.request_digest if fp else None,
+        "response_digest": fp.response_digest if fp else None,
+    })
+
+
+def _response(ctx: ScorerContext, item: ScoreItem) -> str | list[str] | None:
+    if not ctx.responses:
+        return None
+    return ctx.responses if isinstance(item.image, list) else ctx.responses[0]
+
+
+async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequest) -> ItemResult:
+    ctx = ScorerContext(send=send, sampling=req.sampling, options=req.options)
+    try:
+        value = await scorer(await checked_images(item), ctx)
+        if not math.isfinite(value):
+            raise ItemError(f"score {value} is not a finite number")
+    except _ITEM_FAILURES as err:
+        fp = combine(ctx.fingerprints)
+        return ItemResult(id=item.id, score=None, status="error", error=str(err),
+                          response=_response(ctx, item), fingerprint=fp,
+                          digest=item_digest(item.id, None, fp))
+    fp = combine(ctx.fingerprints)
+    return ItemResult(id=item.id, score=value, status="ok", response=_response(ctx, item),
+                      fingerprint=fp, digest=item_digest(item.id, value, fp))
+
+
+async def score_batch(
+    req: ScoreRequest, scorer: Scorer, send: Send, concurrency: int, fingerprint_id: str
+) -> ScoreResponse:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def bounded(item: ScoreItem) -> ItemResult:
+        async with gate:
+            return await score_item(item, scorer, send, req)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(bounded(item)) for item in req.items]
+    except BaseExceptionGroup as failed:
+        # The batch fails as a whole (e.g. 503): raise the first cause so it maps to HTTP.
+        raise failed.exceptions[0] from None
+    results = [task.result() for task in tasks]
+    errors = sum(r.status == "error" for r in results)
+    if errors:
+        log.info("scored %d items with %s: %d errors", len(results), req.scorer, errors)
+    batch = BatchFingerprint(
+        fingerprint_id=fingerprint_id, scorer=req.scorer, items=len(results), errors=errors,
+        digest=json_digest([r.digest for r in results]),
+    )
+    return ScoreResponse(results=results, fingerprint=batch)

@@ -1,0 +1,38 @@
+"""DisRM: a sequence-classification reward model served on the replicas' `/classify`.
+
+The conversation is `extra["messages"]` when given, else the item's prompt and completion as a
+user and an assistant turn. Options: `output` = `prob` (the last label's probability, default)
+or `raw` (the last label's raw output, i.e. the reward head's value), `label` (index, default -1).
+
+vLLM's batch invariance does not cover pooling, so the gateway always runs these requests alone
+on their replica (see `proxy.POOLING_PATHS`); serve such models with `--max-num-seqs 1` too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grm_service.scoring.context import ItemError, ScorerContext
+from grm_service.scoring.models import ScoreItem
+
+
+def conversation(item: ScoreItem) -> list[dict[str, Any]]:
+    given = item.extra.get("messages")
+    if isinstance(given, list) and given:
+        return given
+    if item.completion is None:
+        raise ItemError("the classify scorer needs `completion` or extra.messages")
+    turns = [{"role": "user", "content": item.prompt}] if item.prompt else []
+    return [*turns, {"role": "assistant", "content": item.completion}]
+
+
+async def score(item: ScoreItem, ctx: ScorerContext) -> float:
+    output = ctx.options.get("output", "prob")
+    if output not in ("prob", "raw"):
+        raise ItemError(f"classify option output must be 'prob' or 'raw', not {output!r}")
+    values = await ctx.classify(conversation(item), activation=output == "prob")
+    label = int(ctx.options.get("label", -1))
+    try:
+        return values[label]
+    except IndexError:
+        raise ItemError(f"label {label} is out of range: the model has {len(values)}") from None

@@ -1,0 +1,70 @@
+"""What a scorer sees: the item's options and a way to ask the model that records the answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grm_service.fingerprint import Fingerprint
+
+CHAT_PATH = "/v1/chat/completions"
+CLASSIFY_PATH = "/classify"
+
+Reply = tuple[dict[str, Any], Fingerprint]
+Send = Callable[[str, dict[str, Any]], Awaitable[Reply]]
+
+
+class ItemError(Exception):
+    """This item cannot be scored (bad image, unparsable judge answer...); the others still are.
+
+    It stays inside the scoring flow: the batch turns it into `status: error` with this message.
+    """
+
+
+@dataclass
+class ScorerContext:
+    """One item's conversation with the service; built per item, never shared."""
+
+    send: Send
+    sampling: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    responses: list[str] = field(default_factory=list)
+    fingerprints: list[Fingerprint] = field(default_factory=list)
+
+    async def chat(self, messages: list[dict[str, Any]], **defaults: Any) -> str:
+        """The assistant text for `messages`; request `sampling` overrides the scorer defaults."""
+        body = {"messages": messages, **defaults, **self.sampling}
+        payload, fingerprint = await self.send(CHAT_PATH, body)
+        text = _content(payload)
+        self.responses.append(text)
+        self.fingerprints.append(fingerprint)
+        return text
+
+    async def classify(
+        self, messages: list[dict[str, Any]], activation: bool = True
+    ) -> list[float]:
+        """A sequence classifier's outputs: probabilities, or raw values without activation."""
+        body = {"messages": messages, "use_activation": activation}
+        payload, fingerprint = await self.send(CLASSIFY_PATH, body)
+        values = _class_outputs(payload)
+        self.responses.append(json.dumps(values))
+        self.fingerprints.append(fingerprint)
+        return values
+
+
+def _content(payload: dict[str, Any]) -> str:
+    try:
+        content = payload["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise ItemError("the engine's answer has no choices[0].message") from None
+    return content if isinstance(content, str) else ""
+
+
+def _class_outputs(payload: dict[str, Any]) -> list[float]:
+    try:
+        probs = payload["data"][0]["probs"]
+        return [float(p) for p in probs]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ItemError("the engine's /classify answer has no data[0].probs") from None

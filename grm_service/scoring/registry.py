@@ -1,0 +1,86 @@
+"""Scorer lookup: the built-ins plus custom `NAME=module:function` entries from settings.
+
+A custom scorer is any `fn(item: ScoreItem, ctx: ScorerContext) -> float`, sync or async; it may
+call `await ctx.chat(messages, **sampling)` / `ctx.classify(messages)` to ask the model, or
+score by rule alone. Example: `GRM_SCORERS=exact=my_rewards:exact_match` with
+
+    def exact_match(item, ctx):
+        return float((item.completion or "").strip() == (item.reference or "").strip())
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from grm_service.errors import ConfigError, UnknownScorer
+from grm_service.scoring import classify, judge, ocr
+from grm_service.scoring.context import ItemError, ScorerContext
+from grm_service.scoring.models import ScoreItem
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
+UserScorer = Callable[[ScoreItem, ScorerContext], Any]
+
+BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score}
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """`NAME=module:function` -> (name, module, function); ConfigError when malformed."""
+    name, eq, target = spec.partition("=")
+    module, colon, function = target.partition(":")
+    if not (eq and colon and name.strip() and module.strip() and function.strip()):
+        raise ConfigError(f"scorer {spec!r} must look like NAME=module:function")
+    return name.strip(), module.strip(), function.strip()
+
+
+def load(module: str, function: str) -> UserScorer:
+    try:
+        found = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot load scorer {module}:{function}: {err}") from err
+    if not callable(found):
+        raise ConfigError(f"scorer {module}:{function} is not callable")
+    return found  # type: ignore[no-any-return]
+
+
+def guarded(name: str, fn: UserScorer) -> Scorer:
+    """Run user code so that any failure, or a non-number, becomes that item's error."""
+
+    async def run(item: ScoreItem, ctx: ScorerContext) -> float:
+        try:
+            value = fn(item, ctx)
+            if inspect.isawaitable(value):
+                value = await value
+        except ItemError:
+            raise
+        except Exception as err:  # user code: any failure is this item's, never the batch's
+            log.warning("scorer %s failed on item %s: %r", name, item.id, err)
+            raise ItemError(f"scorer {name} raised {type(err).__name__}: {err}") from err
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ItemError(f"scorer {name} returned {type(value).__name__}, not a number")
+        return float(value)
+
+    return run
+
+
+@functools.cache
+def _registry(specs: tuple[str, ...]) -> dict[str, Scorer]:
+    scorers = dict(BUILTIN)
+    for spec in specs:
+        name, module, function = parse_spec(spec)
+        scorers[name] = guarded(name, load(module, function))
+        log.info("registered scorer %s = %s:%s", name, module, function)
+    return scorers
+
+
+def lookup(name: str, specs: tuple[str, ...] = ()) -> Scorer:
+    scorers = _registry(specs)
+    if name not in scorers:
+        raise UnknownScorer(f"unknown scorer {name!r}; registered: {', '.join(sorted(scorers))}")
+    return scorers[name]

@@ -1,0 +1,37 @@
+"""How scorers reach the replicas: `proxy.prepare` + `proxy.forward`, one call per request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grm_service.errors import UnknownModel
+from grm_service.fingerprint import json_digest
+from grm_service.proxy import Forwarded, Gateway, forward, prepare
+from grm_service.scoring.context import CHAT_PATH, Reply, Send
+
+
+def pooled(forwarded: Forwarded) -> Forwarded:
+    """A pooling answer has `data`, not `choices`: digest that, and say it ran alone."""
+    fingerprint = forwarded.fingerprint.model_copy(update={
+        "response_digest": json_digest(forwarded.payload.get("data")), "serialized": True,
+    })
+    return Forwarded(forwarded.payload, fingerprint)
+
+
+def pooling_body(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """Pooling requests take no seed or max_tokens (nothing is sampled): only the model."""
+    given = body.get("model") or model
+    if given != model:
+        raise UnknownModel(f"model {given!r} is not served here; use {model!r}")
+    return {**body, "model": given}
+
+
+def make_send(gw: Gateway) -> Send:
+    async def send(path: str, body: dict[str, Any]) -> Reply:
+        if path == CHAT_PATH:
+            forwarded = await forward(gw, path, prepare(body, gw.settings))
+        else:
+            forwarded = pooled(await forward(gw, path, pooling_body(body, gw.settings.model_name)))
+        return forwarded.payload, forwarded.fingerprint
+
+    return send

@@ -1,0 +1,70 @@
+"""Helpers for the scoring tests: images, a fake backend seam and a custom test scorer."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from grm_service.fingerprint import Fingerprint, json_digest
+from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
+from grm_service.scoring.models import ScoreItem
+
+
+def png(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> bytes:
+    img = Image.new("RGB", size, "white")
+    ImageDraw.Draw(img).text((4, 8), text, fill="black")
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(text, size)).decode()
+
+
+def fingerprint(body: dict[str, Any], payload: dict[str, Any], replica: str = "r0") -> Fingerprint:
+    return Fingerprint(fingerprint_id="grm-test", seed=42, model_hash="m", env_digest="e",
+                       engine="fake", engine_version="0", replica=replica, serialized=True,
+                       request_digest=json_digest(body), response_digest=json_digest(payload))
+
+
+class FakeBackend:
+    """A `Send` that answers chat with a canned text (or the body's last text part echoed)."""
+
+    def __init__(self, answer: str | None = None, probs: list[float] | None = None) -> None:
+        self.answer, self.probs = answer, probs or [0.25]
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, path: str, body: dict[str, Any]) -> Reply:
+        self.calls.append((path, body))
+        if path == CHAT_PATH:
+            text = self.answer if self.answer is not None else _last_text(body)
+            payload: dict[str, Any] = {"choices": [{"index": 0,
+                                                    "message": {"content": text}}]}
+        else:
+            payload = {"data": [{"index": 0, "probs": self.probs}]}
+        return payload, fingerprint(body, payload)
+
+
+def _last_text(body: dict[str, Any]) -> str:
+    content = body["messages"][-1]["content"]
+    return content if isinstance(content, str) else content[-1]["text"]
+
+
+async def length_score(item: ScoreItem, ctx: ScorerContext) -> float:
+    """A custom scorer for engine tests: asks the model, scores its answer's length (0..1)."""
+    text = await ctx.chat([{"role": "user", "content": item.completion or item.prompt or "?"}],
+                          temperature=0.7, top_p=0.8, max_tokens=12)
+    return (len(text) % 11) / 10
+
+
+def rule_score(item: ScoreItem, ctx: ScorerContext) -> float:
+    """A sync, rule-only custom scorer."""
+    return float((item.completion or "").strip() == (item.reference or "").strip())
+
+
+def broken_score(item: ScoreItem, ctx: ScorerContext) -> float:
+    raise ZeroDivisionError("boom")
