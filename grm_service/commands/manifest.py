@@ -45,10 +45,11 @@ class Entry:
         return ScoreItem(id=self.id, image=image, reference=self.reference, prompt=self.prompt)
 
 
-def _image_entry(path: Path, root: Path) -> Entry:
+def _image_entry(path: Path, root: Path | None) -> Entry:
     sidecar = path.with_suffix(".txt")
     reference = sidecar.read_text(encoding="utf-8").rstrip("\n") if sidecar.is_file() else None
-    return Entry(id=path.relative_to(root).as_posix(), image=path, reference=reference)
+    ident = path.relative_to(root).as_posix() if root else path.as_posix()
+    return Entry(id=ident, image=path, reference=reference)
 
 
 def _row_entry(row: dict[str, Any], base: Path, where: str) -> Entry:
@@ -78,7 +79,8 @@ def _csv(path: Path) -> list[Entry]:
                 for n, row in enumerate(csv.DictReader(handle), 2)]
 
 
-def _images(paths: Iterable[Path], root: Path) -> list[Entry]:
+def _images(paths: Iterable[Path], root: Path | None) -> list[Entry]:
+    """Image entries; ids are relative to `root`, or the paths as matched (globs)."""
     return [_image_entry(p, root) for p in sorted(paths) if p.suffix.lower() in IMAGE_SUFFIXES]
 
 
@@ -95,7 +97,7 @@ def _source(source: str) -> list[Entry]:
     matches = [Path(m) for m in glob.glob(source, recursive=True)]
     if not matches:
         raise ManifestError(f"{source}: no such file, folder or matching glob")
-    return _images(matches, Path.cwd())
+    return _images(matches, None)
 
 
 def load_entries(sources: Iterable[str]) -> list[Entry]:

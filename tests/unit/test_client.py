@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from grm_service.client import (
+    AsyncGrmClient,
+    GrmClient,
+    RequestRejected,
+    RetriesExhausted,
+    RetryPolicy,
+)
+
+FAST = RetryPolicy(attempts=4, backoff_s=0.0, backoff_max_s=0.0)
+
+
+def answer(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    results = [{"id": i["id"], "score": float(len(i["id"])), "status": "ok", "digest": i["id"]}
+               for i in body["items"]]
+    batch = {"fingerprint_id": "grm-x", "scorer": body["scorer"], "items": len(results),
+             "errors": 0, "digest": "d"}
+    return httpx.Response(200, json={"results": results, "fingerprint": batch})
+
+
+class Flaky:
+    """Fails the first `failures` calls with the given statuses (None = connection error)."""
+
+    def __init__(self, *failures: int | None) -> None:
+        self.failures = list(failures)
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(json.loads(request.content))
+        if self.failures:
+            status = self.failures.pop(0)
+            if status is None:
+                raise httpx.ConnectError("refused", request=request)
+            return httpx.Response(status, headers={"retry-after": "0"},
+                                  json={"error": {"message": f"status {status}"}})
+        return answer(request)
+
+
+ITEMS = [{"id": "x" * n, "completion": "c"} for n in range(1, 8)]
+
+
+def test_batches_keep_input_order_and_carry_options() -> None:
+    flaky = Flaky()
+    with GrmClient("http://svc/", batch_size=3, concurrency=3, retry=FAST,
+                   transport=httpx.MockTransport(flaky)) as client:
+        results = client.score(ITEMS, "judge", sampling={"temperature": 0}, options={"max": 5})
+    assert [r.id for r in results] == [i["id"] for i in ITEMS]
+    assert sorted(len(c["items"]) for c in flaky.calls) == [1, 3, 3]
+    assert all(c["sampling"] == {"temperature": 0} and c["options"] == {"max": 5}
+               for c in flaky.calls)
+
+
+def test_retries_on_busy_unavailable_and_connection_errors() -> None:
+    flaky = Flaky(429, 503, None)
+    with GrmClient("http://svc", retry=FAST, transport=httpx.MockTransport(flaky)) as client:
+        assert client.score(ITEMS[:1], "judge")[0].score == 1.0
+    assert len(flaky.calls) == 4
+
+
+def test_gives_up_after_the_last_attempt() -> None:
+    flaky = Flaky(503, 503, 503, 503)
+    with (GrmClient("http://svc", retry=FAST, transport=httpx.MockTransport(flaky)) as client,
+          pytest.raises(RetriesExhausted, match="4 attempts")):
+        client.score(ITEMS[:1], "judge")
+
+
+def test_client_errors_are_not_retried() -> None:
+    flaky = Flaky(400)
+    with (GrmClient("http://svc", retry=FAST, transport=httpx.MockTransport(flaky)) as client,
+          pytest.raises(RequestRejected, match="HTTP 400: status 400")):
+        client.score(ITEMS[:1], "nope")
+    assert len(flaky.calls) == 1
+
+
+def test_backoff_doubles_up_to_the_cap_and_honours_retry_after() -> None:
+    policy = RetryPolicy(attempts=9, backoff_s=0.5, backoff_max_s=4)
+    assert [policy.delay(n) for n in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert policy.delay(0, "3") == 3.0 and policy.delay(0, "99") == 4.0
+    assert policy.delay(1, "soon") == 1.0
+
+
+async def test_async_client_same_contract() -> None:
+    flaky = Flaky(503, None)
+    async with AsyncGrmClient("http://svc", batch_size=2, concurrency=2, retry=FAST,
+                              transport=httpx.MockTransport(flaky)) as client:
+        results = await client.score(ITEMS, "judge")
+    assert [r.id for r in results] == [i["id"] for i in ITEMS]
+    assert len(flaky.calls) == 4 + 2
