@@ -29,18 +29,18 @@ ENGINE_ARGS = ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video"
 
 
 def table(results: list[ItemResult], references: dict[str, str]) -> Table:
-    out = Table(title="OCR scores (tiny RANDOM model: the scores are meaningless, "
-                      "the fingerprints are the point)")
-    for name in ("id", "reference", "transcript", "score", "fingerprint", "response digest",
-                 "replica"):
+    ids = sorted({r.fingerprint.fingerprint_id for r in results if r.fingerprint})
+    out = Table(title="OCR scores of a tiny RANDOM model: the scores are meaningless, "
+                      "the fingerprints are the point",
+                caption=f"fingerprint id: {', '.join(ids) or 'none'}")
+    for name in ("id", "reference", "transcript", "score", "response digest", "replica"):
         out.add_column(name, overflow="fold")
     for r in results:
         fp = r.fingerprint
         transcript = r.response if isinstance(r.response, str) else r.error or ""
-        out.add_row(r.id, references.get(r.id, ""), transcript[:40],
+        out.add_row(r.id, references.get(r.id, ""), repr(transcript[:24]),
                     "error" if r.score is None else f"{r.score:.3f}",
-                    fp.fingerprint_id if fp else "", fp.response_digest[:16] if fp else "",
-                    fp.replica if fp else "")
+                    fp.response_digest[:12] if fp else "", fp.replica if fp else "")
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grm_service.fingerprint import Fingerprint
 
@@ -40,6 +40,16 @@ class ScoreRequest(BaseModel):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Scorer options (judge pattern and range...)."
     )
+
+    @field_validator("items")
+    @classmethod
+    def _unique_ids(cls, items: list[ScoreItem]) -> list[ScoreItem]:
+        seen: set[str] = set()
+        for item in items:
+            if item.id in seen:
+                raise ValueError(f"item id {item.id!r} appears twice; ids must be unique")
+            seen.add(item.id)
+        return items
 
 
 class ItemResult(BaseModel):

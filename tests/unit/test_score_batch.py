@@ -185,3 +185,8 @@ def test_combine_frames_fingerprints() -> None:
     both = combine([a, b])
     assert both is not None and both.replica == "r0,r1"
     assert both.request_digest not in (a.request_digest, b.request_digest)
+
+
+def test_item_ids_must_be_unique() -> None:
+    with pytest.raises(ValueError, match="appears twice"):
+        request("judge", [{"id": "a"}, {"id": "a"}])
