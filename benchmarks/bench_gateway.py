@@ -1,0 +1,181 @@
+"""Gateway overhead on STUB backends: grm-service vs vllm-router vs smg vs direct, same stubs.
+
+Starts R stub replicas and every contender in front of them, then, for each round, each
+concurrency and each contender (order rotated per round, so slow drifts of a shared machine hit
+all contenders alike), runs a short warm-up and a bounded wrk run. Records req/s, latency
+percentiles, and CPU seconds per request of the contender process, the stubs and wrk.
+
+    .venv/bin/python benchmarks/bench_gateway.py                # ~6 min, prints the table
+    .venv/bin/python benchmarks/bench_gateway.py --variant fix=/tmp/grm-fix  # + a patched copy
+
+Writes benchmarks/results/gateway.json (every run) and gateway.md (the summary tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen
+import procs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = ("vllm-router", "smg")
+
+
+@dataclass
+class Run:
+    round: int
+    concurrency: int
+    contender: str
+    rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int
+    requests: int
+    proxy_cpu_us: float  # contender process CPU per request (0 for direct)
+    stub_cpu_us: float
+    wrk_cpu_us: float
+
+
+@dataclass
+class Contender:
+    name: str
+    urls: list[str]
+    proc: procs.Proc | None  # None: direct to the stubs
+
+
+def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path]) -> Contender:
+    starters: dict[str, Callable[[], procs.Proc]] = {
+        "grm-service": lambda: procs.start_grm(f, backends),
+        "vllm-router": lambda: procs.start_vllm_router(f, backends),
+        "smg": lambda: procs.start_smg(f, backends),
+    }
+    for vname, src in variants.items():
+        starters[vname] = lambda vname=vname, src=src: procs.start_grm(f, backends, vname, src)
+    proc = starters[name]()
+    return Contender(name, [proc.url], proc)
+
+
+def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
+    proxy0 = c.proc.cpu() if c.proc else 0.0
+    stub0 = sum(s.cpu() for s in stubs)
+    res = loadgen.run_split(c.urls, load)
+    n = max(res.requests, 1)
+    proxy = (c.proc.cpu() - proxy0) if c.proc else 0.0
+    stub = sum(s.cpu() for s in stubs) - stub0
+    return Run(rnd, load.connections, c.name, res.rps, res.pct_ms(50), res.pct_ms(90),
+               res.pct_ms(99), res.errors, res.requests, proxy / n * 1e6, stub / n * 1e6,
+               res.loadgen_cpu_s / n * 1e6)
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(runs: list[Run], contenders: list[str]) -> str:
+    out = []
+    for c in sorted({r.concurrency for r in runs}):
+        at = {name: [r for r in runs if r.concurrency == c and r.contender == name]
+              for name in contenders}
+        rps = {name: _med([r.rps for r in rs]) for name, rs in at.items() if rs}
+        p50 = {name: _med([r.p50_ms for r in rs]) for name, rs in at.items() if rs}
+        peers = [p for p in PEERS if p in rps]
+        best = max(peers, key=lambda p: rps[p]) if peers else None
+        out += [f"\n### concurrency {c}  (best peer: {best or 'none'})\n",
+                "| contender | req/s median [min-max] | p50 ms | p90 ms | p99 ms | x direct "
+                "| x best peer | p50 added ms | proxy CPU us/req | stub CPU us/req | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, rs in at.items():
+            if not rs:
+                continue
+            lo, hi = min(r.rps for r in rs), max(r.rps for r in rs)
+            vs_direct = rps[name] / rps["direct"] if "direct" in rps else float("nan")
+            vs_peer = rps[name] / rps[best] if best else float("nan")
+            added = p50[name] - p50["direct"] if "direct" in p50 else float("nan")
+            out.append(
+                f"| {name} | {rps[name]:.0f} [{lo:.0f}-{hi:.0f}] | {p50[name]:.3f} "
+                f"| {_med([r.p90_ms for r in rs]):.3f} | {_med([r.p99_ms for r in rs]):.3f} "
+                f"| {vs_direct:.2f} | {vs_peer:.2f} | {added:+.3f} "
+                f"| {_med([r.proxy_cpu_us for r in rs]):.0f} "
+                f"| {_med([r.stub_cpu_us for r in rs]):.0f} | {sum(r.errors for r in rs)} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each run")
+    parser.add_argument("--max-requests", type=int, default=500_000, help="per run")
+    parser.add_argument("--contenders", nargs="+",
+                        default=["direct", "grm-service", "vllm-router", "smg"])
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                        help="also run grm-service imported from DIR/grm_service")
+    parser.add_argument("--out", default="gateway")
+    args = parser.parse_args()
+    variants = {k: Path(v) for k, v in (s.split("=", 1) for s in args.variant)}
+    names = [*args.contenders, *variants]
+    runs: list[Run] = []
+    failed: dict[str, str] = {}
+    started = time.time()
+    with procs.fleet() as f:
+        stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
+        backends = [s.url for s in stubs]
+        contenders = [Contender("direct", backends, None)] if "direct" in names else []
+        for name in names:
+            if name == "direct":
+                continue
+            try:
+                contenders.append(_start(f, name, backends, variants))
+            except (RuntimeError, OSError) as err:
+                failed[name] = str(err)[-1500:]
+                print(f"!! {name} did not start: {failed[name]}", file=sys.stderr)
+        for rnd in range(args.rounds):
+            order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
+            for conc in args.concurrency:
+                for c in order:
+                    loadgen.run_split(c.urls, loadgen.Load(conc, args.warmup))
+                    load = loadgen.Load(conc, args.duration, max_requests=args.max_requests)
+                    run = _measure(c, stubs, load, rnd)
+                    runs.append(run)
+                    print(f"round {rnd} c={conc:<4} {c.name:<14} {run.rps:>8.0f} req/s "
+                          f"p50 {run.p50_ms:8.3f} p99 {run.p99_ms:9.3f} ms  "
+                          f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
+    present = [c for c in names if c not in failed]
+    table = summarize(runs, present)
+    meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
+                       f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
+            "replicas": args.replicas, "rounds": args.rounds, "duration_s": args.duration,
+            "wall_s": round(time.time() - started), "failed": failed,
+            "argv": " ".join(sys.argv)}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(
+        json.dumps({"meta": meta, "runs": [asdict(r) for r in runs]}, indent=1))
+    (RESULTS / f"{args.out}.md").write_text(table + "\n")
+    print(table)
+    for name, err in failed.items():
+        print(f"\n{name} FAILED TO START:\n{err}")
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Where the gateway spends its time: py-spy samples grm-service under wrk load (default c=64).
+
+Starts the stubs and grm-service (attach mode), drives the gateway with wrk, records the gateway
+with py-spy (collapsed stacks, idle frames dropped) and prints: throughput during the profile, the
+share of samples by library (inclusive: a sample counts for every library on its stack) and the
+top functions by self time. The raw stacks go to benchmarks/results/profile-c<C>.txt; a
+flamegraph SVG to benchmarks/results/profile-c<C>.svg.
+
+    .venv/bin/python benchmarks/profile_gateway.py [--concurrency 64] [--seconds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen
+import procs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PY_SPY = procs.PEERS_BIN / "py-spy"
+
+# First match wins; ordered from the most specific.
+BUCKETS = [
+    ("grm_service.fingerprint / blake3", r"grm_service/fingerprint\.py|blake3"),
+    ("grm_service.router (canonical json, crc32)", r"grm_service/router\.py"),
+    ("grm_service.proxy", r"grm_service/proxy\.py"),
+    ("grm_service.api (routes, middleware, guards)", r"grm_service/api/"),
+    ("pydantic (validate, model_dump)", r"pydantic"),
+    ("prometheus_client", r"prometheus_client"),
+    ("json (stdlib)", r"/json/"),
+    ("httpcore pool scan (_assign_requests_to_connections)", r"_assign_requests_to_connections"),
+    ("anyio threadpool hop (sync dependency)", r"run_in_threadpool|to_thread|run_sync"),
+    ("aiohttp client", r"aiohttp/"),
+    ("httpx client", r"httpx/"),
+    ("httpcore (connection pool, h11)", r"httpcore/|/h11/"),
+    ("anyio", r"anyio/"),
+    ("fastapi", r"fastapi/"),
+    ("starlette", r"starlette/"),
+    ("uvicorn (httptools server)", r"uvicorn/"),
+    ("asyncio / uvloop event loop", r"asyncio/|uvloop"),
+]
+
+
+def _record(pid: int, seconds: int, out: Path) -> None:
+    argv = [str(PY_SPY), "record", "-p", str(pid), "-d", str(seconds), "-r", "200",
+            "-f", "raw", "-o", str(out), "--nonblocking"]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def _flame(raw: Path, svg: Path, pid: int, seconds: int) -> None:
+    argv = [str(PY_SPY), "record", "-p", str(pid), "-d", str(seconds), "-r", "200",
+            "-f", "flamegraph", "-o", str(svg), "--nonblocking"]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def summarize(raw: Path, top: int = 25) -> str:
+    stacks: list[tuple[list[str], int]] = []
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            stacks.append((stack.split(";"), int(count)))
+    total = sum(c for _, c in stacks) or 1
+    inclusive: collections.Counter[str] = collections.Counter()
+    leaf: collections.Counter[str] = collections.Counter()
+    for frames, count in stacks:
+        seen = {name for name, pattern in BUCKETS for f in frames if re.search(pattern, f)}
+        for name in seen:
+            inclusive[name] += count
+        leaf[frames[-1]] += count
+    lines = [f"{total} samples (busy only)", "", f"{'library (inclusive)':<56} {'share':>6}"]
+    lines += [f"{name:<56} {inclusive[name] / total:>6.1%}" for name, _ in BUCKETS]
+    lines += ["", f"{'function (self)':<88} {'share':>6}"]
+    lines += [f"{fn[:88]:<88} {c / total:>6.1%}" for fn, c in leaf.most_common(top)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--src", type=Path, default=None,
+                        help="folder with a patched grm_service package to profile instead")
+    parser.add_argument("--flamegraph", action="store_true", help="also record an SVG (2nd run)")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    raw = RESULTS / f"profile-c{args.concurrency}.txt"
+    with procs.fleet() as f:
+        stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
+        grm = procs.start_grm(f, [s.url for s in stubs], src=args.src)
+        load = loadgen.Load(args.concurrency, args.seconds + 4)
+        loadgen.run_split([grm.url], loadgen.Load(args.concurrency, 2))  # warm-up
+        result: list[loadgen.Result] = []
+        thread = threading.Thread(target=lambda: result.append(loadgen.run_split([grm.url], load)))
+        thread.start()
+        _record(grm.pid, args.seconds, raw)
+        thread.join()
+        if args.flamegraph:
+            thread = threading.Thread(target=lambda: loadgen.run_split([grm.url], load))
+            thread.start()
+            _flame(raw, raw.with_suffix(".svg"), grm.pid, args.seconds)
+            thread.join()
+    res = result[0]
+    print(f"grm-service at c={args.concurrency}: {res.rps:.0f} req/s, p50 {res.pct_ms(50):.2f} ms,"
+          f" p99 {res.pct_ms(99):.2f} ms, errors {res.errors}\n")
+    print(summarize(raw))
+
+
+if __name__ == "__main__":
+    main()
