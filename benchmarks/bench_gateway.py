@@ -83,13 +83,20 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _cell(rs: list[Run], key: str, fmt: str) -> str:
+    """Median over the runs that completed a request (a stalled run has no latencies)."""
+    vals = [getattr(r, key) for r in rs if r.requests > 0]
+    return format(_med(vals), fmt) if vals else "n/a"
+
+
 def summarize(runs: list[Run], contenders: list[str]) -> str:
     out = []
     for c in sorted({r.concurrency for r in runs}):
         at = {name: [r for r in runs if r.concurrency == c and r.contender == name]
               for name in contenders}
         rps = {name: _med([r.rps for r in rs]) for name, rs in at.items() if rs}
-        p50 = {name: _med([r.p50_ms for r in rs]) for name, rs in at.items() if rs}
+        p50 = {name: _med([r.p50_ms for r in rs if r.requests > 0])
+               for name, rs in at.items() if any(r.requests > 0 for r in rs)}
         peers = [p for p in PEERS if p in rps]
         best = max(peers, key=lambda p: rps[p]) if peers else None
         out += [f"\n### concurrency {c}  (best peer: {best or 'none'})\n",
@@ -102,14 +109,24 @@ def summarize(runs: list[Run], contenders: list[str]) -> str:
             lo, hi = min(r.rps for r in rs), max(r.rps for r in rs)
             vs_direct = rps[name] / rps["direct"] if "direct" in rps else float("nan")
             vs_peer = rps[name] / rps[best] if best else float("nan")
-            added = p50[name] - p50["direct"] if "direct" in p50 else float("nan")
+            added = (f"{p50[name] - p50['direct']:+.3f}"
+                     if name in p50 and "direct" in p50 else "n/a")
             out.append(
-                f"| {name} | {rps[name]:.0f} [{lo:.0f}-{hi:.0f}] | {p50[name]:.3f} "
-                f"| {_med([r.p90_ms for r in rs]):.3f} | {_med([r.p99_ms for r in rs]):.3f} "
-                f"| {vs_direct:.2f} | {vs_peer:.2f} | {added:+.3f} "
-                f"| {_med([r.proxy_cpu_us for r in rs]):.0f} "
-                f"| {_med([r.stub_cpu_us for r in rs]):.0f} | {sum(r.errors for r in rs)} |")
+                f"| {name} | {rps[name]:.0f} [{lo:.0f}-{hi:.0f}] | {_cell(rs, 'p50_ms', '.3f')} "
+                f"| {_cell(rs, 'p90_ms', '.3f')} | {_cell(rs, 'p99_ms', '.3f')} "
+                f"| {vs_direct:.2f} | {vs_peer:.2f} | {added} "
+                f"| {_cell(rs, 'proxy_cpu_us', '.0f')} | {_cell(rs, 'stub_cpu_us', '.0f')} "
+                f"| {sum(r.errors for r in rs)} |")
     return "\n".join(out)
+
+
+def resummarize(path: Path) -> None:
+    data = json.loads(path.read_text())
+    runs = [Run(**r) for r in data["runs"]]
+    names = list(dict.fromkeys(r.contender for r in runs))
+    table = summarize(runs, names)
+    path.with_suffix(".md").write_text(table + "\n")
+    print(table)
 
 
 def main() -> None:
@@ -126,7 +143,12 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run grm-service imported from DIR/grm_service")
     parser.add_argument("--out", default="gateway")
+    parser.add_argument("--resummarize", type=Path, default=None, metavar="JSON",
+                        help="only rebuild the tables of an earlier run's JSON")
     args = parser.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return
     variants = {k: Path(v) for k, v in (s.split("=", 1) for s in args.variant)}
     names = [*args.contenders, *variants]
     runs: list[Run] = []

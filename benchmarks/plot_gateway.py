@@ -21,10 +21,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _series(runs: list[dict[str, float]], name: str, key: str) -> tuple[list[int], ...]:
-    xs = sorted({int(r["concurrency"]) for r in runs if r["contender"] == name})
+    # A stalled run (no request done) has no latency and 0 req/s: off a log axis, so left out.
+    done = [r for r in runs if r["contender"] == name and r["requests"] > 0]
+    xs = sorted({int(r["concurrency"]) for r in done})
     med, lo, hi = [], [], []
     for c in xs:
-        vals = [r[key] for r in runs if r["contender"] == name and r["concurrency"] == c]
+        vals = [r[key] for r in done if r["concurrency"] == c]
         m = statistics.median(vals)
         med.append(m)
         lo.append(m - min(vals))

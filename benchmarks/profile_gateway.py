@@ -3,8 +3,8 @@
 Starts the stubs and grm-service (attach mode), drives the gateway with wrk, records the gateway
 with py-spy (collapsed stacks, idle frames dropped) and prints: throughput during the profile, the
 share of samples by library (inclusive: a sample counts for every library on its stack) and the
-top functions by self time. The raw stacks go to benchmarks/results/profile-c<C>.txt; a
-flamegraph SVG to benchmarks/results/profile-c<C>.svg.
+top functions by self time. The raw stacks go to benchmarks/results/<out>.txt (default
+profile-c<C>), the summary to <out>.summary.txt, a flamegraph (--flamegraph) to <out>.svg.
 
     .venv/bin/python benchmarks/profile_gateway.py [--concurrency 64] [--seconds 15]
 """
@@ -90,10 +90,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--src", type=Path, default=None,
                         help="folder with a patched grm_service package to profile instead")
+    parser.add_argument("--out", default=None, help="file name stem under results/")
     parser.add_argument("--flamegraph", action="store_true", help="also record an SVG (2nd run)")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
-    raw = RESULTS / f"profile-c{args.concurrency}.txt"
+    raw = RESULTS / f"{args.out or f'profile-c{args.concurrency}'}.txt"
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
         grm = procs.start_grm(f, [s.url for s in stubs], src=args.src)
@@ -112,7 +113,9 @@ def main() -> None:
     res = result[0]
     print(f"grm-service at c={args.concurrency}: {res.rps:.0f} req/s, p50 {res.pct_ms(50):.2f} ms,"
           f" p99 {res.pct_ms(99):.2f} ms, errors {res.errors}\n")
-    print(summarize(raw))
+    table = summarize(raw)
+    raw.with_suffix(".summary.txt").write_text(table + "\n")
+    print(table)
 
 
 if __name__ == "__main__":
