@@ -17,6 +17,7 @@ from grm_service.api.app import create_app
 from grm_service.commands.backend import exec_backend
 from grm_service.commands.demo import demo_command
 from grm_service.commands.score import score_command
+from grm_service.commands.verify import diff_command, verify_command
 from grm_service.config import (
     EngineName,
     Launcher,
@@ -27,6 +28,7 @@ from grm_service.config import (
 )
 from grm_service.engines import select_engine
 from grm_service.identity import build_identity
+from grm_service.server import DrainingServer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Deterministic scoring service for reward models.")
@@ -102,7 +104,7 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
     failure: list[str] = []
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, settings.drain_timeout_s)
 
     def fatal(message: str) -> None:
         failure.append(message)
@@ -153,6 +155,10 @@ def backend(
 
 app.command("score", context_settings=_EXTRA)(score_command)
 app.command("demo")(demo_command)
+
+app.command("verify")(verify_command)
+app.command("diff")(diff_command)
+
 
 if __name__ == "__main__":
     app()

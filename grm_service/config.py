@@ -35,6 +35,11 @@ class RayPlacement(StrEnum):
     PACK = "pack"
 
 
+class NondeterminismPolicy(StrEnum):
+    FAIL = "fail"
+    SERIALIZE = "serialize"
+
+
 class RoutingMode(StrEnum):
     RENDEZVOUS = "rendezvous"
     LEAST_LOADED = "least-loaded"
@@ -98,6 +103,16 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Replicas tried per request (failover).")
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the restart backoff.")
     shutdown_grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace.")
+    canary: bool = Field(True, description="Probe each replica before routing to it.")
+    canary_probes: int = Field(4, ge=1, le=64, description="Probe requests of the canary.")
+    on_nondeterminism: NondeterminismPolicy = Field(
+        NondeterminismPolicy.SERIALIZE,
+        description="Canary failure: fail (never route to it) | serialize (one at a time).",
+    )
+    audit_fraction: float = Field(
+        0.01, ge=0, le=1, description="Share of requests re-run on another replica and compared."
+    )
+    audit_max_per_s: float = Field(2.0, gt=0, description="Rate limit of audit re-runs.")
     max_inflight_per_replica: int = Field(
         256, ge=1, description="Requests one replica may hold at once (co-batched)."
     )

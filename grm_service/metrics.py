@@ -34,4 +34,16 @@ class Metrics:
             "grm_backend_failures", "Failed attempts at a replica (then failed over).",
             ["replica", "reason"], registry=r,
         )
+        self.violations = Counter(
+            "grm_determinism_violations", "Outputs that should have been equal and were not.",
+            ["source"], registry=r,
+        )
+        self.audits = Counter(
+            "grm_audits", "Requests re-run on another replica, by outcome.", ["outcome"],
+            registry=r,
+        )
+        self.replica_serialized = Gauge(
+            "grm_replica_serialized", "1 when the replica runs one request at a time.",
+            ["replica"], registry=r,
+        )
         self.info = Info("grm_service", "Service identity.", registry=r)

@@ -7,11 +7,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
 
 from grm_service import router
+from grm_service.audit import Auditor
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
 from grm_service.errors import (
@@ -53,6 +55,7 @@ class Gateway:
     pool: ReplicaPool
     client: httpx.AsyncClient
     metrics: Metrics
+    auditor: Auditor | None = None
     draining: bool = False
     queued: int = 0
 
@@ -184,7 +187,7 @@ def _engine_message(payload: Any) -> str:
 
 
 async def forward(
-    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None
+    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True
 ) -> Forwarded:
     """Send a prepared body to its replica, failing over along the rendezvous order."""
     if gw.draining:
@@ -196,15 +199,24 @@ async def forward(
     alone = path in POOLING_PATHS or must_run_alone(body, gw.capabilities, gw.settings.serialize)
     errors = []
     for replica in order[: gw.settings.max_attempts]:
+        serialized = alone or replica.serialized
         try:
-            payload = await _attempt(gw, replica, path, raw, alone)
+            payload = await _attempt(gw, replica, path, raw, serialized)
         except _Retryable as err:
             gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
             log.warning("attempt failed, failing over: %s", err)
             errors.append(str(err))
             continue
-        return Forwarded(payload, _fingerprint(gw, replica, body, payload, alone))
+        fp = _fingerprint(gw, replica, body, payload, serialized)
+        if audit and gw.auditor is not None:
+            others = [r.name for r in gw.pool.ready() if r.name != replica.name]
+            gw.auditor.submit(path, body, fp, others, partial(_rerun, gw))
+        return Forwarded(payload, fp)
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fingerprint:
+    return (await forward(gw, path, body, pin, audit=False)).fingerprint
 
 
 def _fingerprint(

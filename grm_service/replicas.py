@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class ReplicaState(StrEnum):
@@ -83,11 +87,16 @@ class Replica:
     restarts: int = 0
     pid: int | None = None
     detail: str = ""  # why the replica is not ready, when it is known
+    serialized: bool = False  # forced to one request at a time (its canary failed co-batching)
     gate: Gate = field(default_factory=Gate)
 
     @property
     def ready(self) -> bool:
         return self.state is ReplicaState.READY
+
+
+# Run before a replica is routed to: returns why it must not be, or None. May mark it serialized.
+AdmissionCheck = Callable[[Replica, "httpx.AsyncClient"], Awaitable[str | None]]
 
 
 @dataclass

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,7 @@ from grm_service.config import Settings
 from grm_service.engines import Engine, ReplicaSpec
 from grm_service.errors import ConfigError
 from grm_service.metrics import Metrics
-from grm_service.replicas import Replica, ReplicaPool, ReplicaState
+from grm_service.replicas import AdmissionCheck, Replica, ReplicaPool, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,10 @@ async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
 class Supervisor:
     """Owns the replica processes and keeps `pool` in step with them."""
 
-    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
+                 checks: Sequence[AdmissionCheck] = ()) -> None:
         self.settings = settings
+        self.checks = tuple(checks)
         self.engine = engine
         self.metrics = metrics
         self.pool = ReplicaPool()
@@ -169,12 +172,21 @@ class Supervisor:
         replica.url, replica.pid = backend.url, backend.pid
         try:
             await self._wait_healthy(backend)
+            await self._admit(replica)
         except ReplicaStartError:
             await backend.stop(self.settings.shutdown_grace_s)
             raise
         replica.state = ReplicaState.READY
         self.metrics.replica_up.labels(replica=name).set(1)
         log.info("replica %s ready at %s", name, backend.url)
+
+    async def _admit(self, replica: Replica) -> None:
+        """Admission checks (the canary) run before any request is routed to the replica."""
+        for check in self.checks:
+            problem = await check(replica, self._client)
+            if problem:
+                replica.state, replica.detail = ReplicaState.REJECTED, problem
+                raise ReplicaStartError(f"replica {replica.name} refused: {problem}")
 
     async def _wait_healthy(self, backend: Backend) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s

@@ -14,8 +14,11 @@ from fastapi.responses import JSONResponse
 
 from grm_service import __version__
 from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
+from grm_service.api.guards import Guards
 from grm_service.api.middleware import MetricsMiddleware
 from grm_service.attach import AttachedReplicas
+from grm_service.audit import Auditor
+from grm_service.canary import Canary
 from grm_service.config import Launcher, SerializeMode, Settings
 from grm_service.engines import Engine, select_engine
 from grm_service.errors import GrmError, error_body
@@ -45,14 +48,15 @@ def _always_serialized(engine: Engine, mode: SerializeMode) -> bool:
 
 
 def _source(settings: Settings, engine: Engine, metrics: Metrics) -> ReplicaSource:
+    checks = [Canary(settings, metrics)] if settings.canary else []
     if settings.attach:
-        return AttachedReplicas(settings, metrics)
+        return AttachedReplicas(settings, metrics, checks=checks)
     if settings.launcher is Launcher.RAY:
         # Imported here: Ray is an optional extra (`grm-service[ray]`).
         from grm_service.launchers.ray import RayReplicas
 
-        return RayReplicas(settings, engine, metrics)
-    return Supervisor(settings, engine, metrics)
+        return RayReplicas(settings, engine, metrics, checks)
+    return Supervisor(settings, engine, metrics, checks)
 
 
 def _report_start(on_fatal: OnFatal | None, task: asyncio.Task[None]) -> None:
@@ -80,8 +84,9 @@ def _lifespan(
         source = _source(settings, engine, metrics)
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
                                                        max_keepalive_connections=256))
+        auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
         gw = Gateway(settings=settings, identity=identity, capabilities=engine.capabilities(),
-                     pool=source.pool, client=client, metrics=metrics)
+                     pool=source.pool, client=client, metrics=metrics, auditor=auditor)
         metrics.info.info({"seed": str(settings.seed), "fingerprint": identity.fingerprint_id,
                            "engine": engine.name, "version": __version__})
         app.state.gateway = gw
@@ -96,6 +101,7 @@ def _lifespan(
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
+            await auditor.close()
             await source.stop()
             await client.aclose()
 
@@ -112,6 +118,7 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
     app = FastAPI(title="grm-service", version=__version__,
                   lifespan=_lifespan(settings, on_fatal))
     app.add_exception_handler(GrmError, _grm_error)
+    app.add_middleware(Guards, settings=settings)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_admin.router)
     app.include_router(routes_openai.router)

@@ -43,6 +43,14 @@ async def fingerprint(gw: GatewayDep) -> Identity:
     return gw.identity
 
 
+@router.get("/v1/audit")
+async def audit(gw: GatewayDep) -> dict[str, Any]:
+    """Live-audit counts and the most recent violations, each with both fingerprints."""
+    report: dict[str, Any] = gw.auditor.report() if gw.auditor else {"fraction": 0.0}
+    report["serialized_replicas"] = [r.name for r in gw.pool.replicas if r.serialized]
+    return report
+
+
 @router.get("/v1/capabilities")
 async def capabilities(gw: GatewayDep) -> dict[str, Any]:
     caps = gw.capabilities

@@ -48,11 +48,24 @@ class ReplicaSpec:
         return Path(tempfile.gettempdir()) / f"grm-{tag}-{self.name}"
 
 
-def distribution_version(name: str) -> str:
+_VERSION_LINE = re.compile(r"^__version__\s*(?::\s*\S+)?\s*=\s*(?:version\s*=\s*)?'([^']+)'", re.M)
+
+
+def distribution_version(name: str, module: str | None = None) -> str:
+    """The installed version; for a package unpacked without metadata, its `_version.py`."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
-        return "not-installed"
+        pass
+    spec = importlib.util.find_spec(module) if module else None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            match = _VERSION_LINE.search((Path(folder) / "_version.py").read_text())
+        except OSError:
+            continue
+        if match:
+            return match.group(1)
+    return "not-installed"
 
 
 def _torch_cuda_version() -> str:
@@ -117,7 +130,7 @@ class Engine(ABC):
         self.settings = settings
 
     def version(self) -> str:
-        return distribution_version(self.distribution)
+        return distribution_version(self.distribution, "vllm")
 
     @abstractmethod
     def capabilities(self) -> Capabilities: ...

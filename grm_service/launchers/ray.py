@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -28,7 +29,7 @@ from grm_service.config import RayPlacement, Settings
 from grm_service.engines import Engine, ReplicaSpec
 from grm_service.launchers.ray_actor import Placed, ReplicaProcess
 from grm_service.metrics import Metrics
-from grm_service.replicas import Replica, ReplicaPool, ReplicaState
+from grm_service.replicas import AdmissionCheck, Replica, ReplicaPool, ReplicaState
 from grm_service.supervisor import ReplicaStartError
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
 class RayReplicas:
     """Same verbs as the Supervisor (start, stop, pool), with Ray owning the processes."""
 
-    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
+                 checks: Sequence[AdmissionCheck] = ()) -> None:
         self.settings = settings
+        self.checks = tuple(checks)
         self.engine = engine
         self.metrics = metrics
         self.pool = ReplicaPool()
@@ -114,6 +117,10 @@ class RayReplicas:
                  placed.pid, placed.engine_version)
         self._check_version(replica, placed)
         await self._wait_healthy(replica, actor)
+        for check in self.checks:  # the canary, before anything is routed here
+            if problem := await check(replica, self._client):
+                replica.state, replica.detail = ReplicaState.REJECTED, problem
+                raise ReplicaStartError(f"replica {replica.name} refused: {problem}")
         replica.state, replica.detail = ReplicaState.READY, ""
         self.metrics.replica_up.labels(replica=replica.name).set(1)
         log.info("replica %s ready at %s", replica.name, replica.url)

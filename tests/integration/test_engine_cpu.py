@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +76,9 @@ def one_replica_runs(
 @pytest.fixture(scope="module")
 def two(tiny_text_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("two")
-    with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "2")) as gw:
+    audit_everything = {"GRM_AUDIT_FRACTION": "1", "GRM_AUDIT_MAX_PER_S": "100000"}
+    with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "2"),
+                         env=audit_everything) as gw:
         yield gw
 
 
@@ -125,6 +129,36 @@ def test_fingerprint_describes_the_service(two: Proc) -> None:
     assert ident["env_inputs"]["numerics"]["dtype"] == "float32"
     assert "VLLM_BATCH_INVARIANT" not in ident["env_inputs"]["env"]
     assert ident["model_hash"].startswith("blake3:")
+
+
+def test_verify_all_rows_complete_on_a_clean_service(two: Proc) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "grm_service.cli", "verify", "--url", two.url,
+         "--probes", "8", "--max-tokens", "8"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for row in ("repeat", "concurrency 64", "shuffled order", "mixed with filler traffic",
+                "replica r0 alone", "replica r1 alone"):
+        assert row in result.stdout
+
+
+def test_thousand_audited_requests_zero_violations(two: Proc) -> None:
+    def ask(i: int) -> None:
+        post(two, request(f"audit {i}", max_tokens=1))
+
+    before = httpx.get(two.url + "/v1/audit").json()["audited"]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(ask, range(1000)))
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        report = httpx.get(two.url + "/v1/audit").json()
+        if report["in_progress"] == 0:
+            break
+        time.sleep(1)
+    assert report["audited"] - before == 1000, report
+    assert report["violations"] == 0, report["recent_violations"][:1]
+    assert report["rate_limited"] == 0
 
 
 def test_killed_replica_is_restarted_and_gives_same_bits(two: Proc) -> None:

@@ -68,14 +68,22 @@ def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None) -> P
     return Proc(popen, f"http://127.0.0.1:{port}", log)
 
 
+def _all_ready(proc: Proc) -> bool:
+    """/ready is 200 once one replica serves; tests want every replica admitted."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        r = httpx.get(proc.url + "/ready", timeout=5)
+        states = {rep["state"] for rep in r.json().get("replicas", [])}
+        return r.status_code == 200 and states <= {"ready", "rejected"}
+    return False
+
+
 def wait_ready(proc: Proc, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
             raise AssertionError(f"gateway exited {proc.popen.returncode}:\n{proc.tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(proc.url + "/ready", timeout=5).status_code == 200:
-                return
+        if _all_ready(proc):
+            return
         time.sleep(0.5)
     raise AssertionError(f"gateway not ready after {timeout} s:\n{proc.tail()}")
 
