@@ -60,8 +60,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"service exited with {proc.returncode}:\n{_tail(log_path)}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            # /ready is 200 with one replica up; a run wants every replica serving.
+            replicas = httpx.get(url + "/ready", timeout=5).json()["replicas"]
+            if replicas and all(r["state"] == "ready" for r in replicas):
                 return
         time.sleep(1)
     raise RuntimeError(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")

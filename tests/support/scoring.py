@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from PIL import Image, ImageDraw
 
 from grm_service.fingerprint import Fingerprint, json_digest
@@ -102,3 +104,15 @@ def gateway_with_env(
         yield proc
     finally:
         proc.stop()
+
+
+def wait_all_replicas(proc: Proc, timeout: float = 600) -> Proc:
+    """/ready turns 200 with the first ready replica; tests of routing need all of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            replicas = httpx.get(proc.url + "/ready", timeout=5).json()["replicas"]
+            if replicas and all(r["state"] == "ready" for r in replicas):
+                return proc
+        time.sleep(0.5)
+    raise AssertionError(f"replicas not all ready after {timeout} s:\n{proc.tail()}")
