@@ -82,6 +82,10 @@ def _image_urls(messages: list[dict[str, Any]]) -> Iterator[str]:
                     yield url
 
 
+def has_images(messages: list[dict[str, Any]]) -> bool:
+    return next(_image_urls(messages), None) is not None
+
+
 def check_messages(messages: list[dict[str, Any]], settings: Settings) -> None:
     for url in _image_urls(messages):
         check_image_url(url, settings)

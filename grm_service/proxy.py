@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -27,8 +28,8 @@ from grm_service.errors import (
 from grm_service.fingerprint import (
     Fingerprint,
     Identity,
+    digest,
     fingerprint_id,
-    json_digest,
     response_digest,
 )
 from grm_service.metrics import Metrics
@@ -192,8 +193,8 @@ async def forward(
     """Send a prepared body to its replica, failing over along the rendezvous order."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
-    raw = router.canonical_json(body)
-    order = route(gw, router.request_key(body), pin)
+    raw = router.canonical_json(body)  # once: the routing key and the request digest share it
+    order = route(gw, zlib.crc32(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
     alone = path in POOLING_PATHS or must_run_alone(body, gw.capabilities, gw.settings.serialize)
@@ -207,7 +208,7 @@ async def forward(
             log.warning("attempt failed, failing over: %s", err)
             errors.append(str(err))
             continue
-        fp = _fingerprint(gw, replica, body, payload, serialized)
+        fp = _fingerprint(gw, replica, body, raw, payload, serialized)
         if audit and gw.auditor is not None:
             others = [r.name for r in gw.pool.ready() if r.name != replica.name]
             gw.auditor.submit(path, body, fp, others, partial(_rerun, gw))
@@ -220,7 +221,8 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
 
 
 def _fingerprint(
-    gw: Gateway, replica: Replica, body: dict[str, Any], payload: dict[str, Any], alone: bool
+    gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes, payload: dict[str, Any],
+    alone: bool,
 ) -> Fingerprint:
     ident = gw.identity
     seed = int(body.get("seed", ident.seed))
@@ -228,7 +230,7 @@ def _fingerprint(
         fingerprint_id=fingerprint_id(seed, ident.model_hash, ident.env_digest), seed=seed,
         model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
         engine_version=ident.engine_version, replica=replica.name, serialized=alone,
-        request_digest=json_digest(body), response_digest=response_digest(payload),
+        request_digest=digest(raw), response_digest=response_digest(payload),
     )
 
 
