@@ -101,6 +101,12 @@ class Settings(BaseSettings):
     startup_timeout_s: float = Field(900.0, gt=0, description="Replica start-up limit.")
     request_timeout_s: float = Field(600.0, gt=0, description="One backend attempt's limit.")
     max_attempts: int = Field(3, ge=1, description="Replicas tried per request (failover).")
+    breaker_failures: int = Field(
+        3, ge=1, description="Consecutive failed attempts that open a replica's breaker."
+    )
+    breaker_cooldown_s: float = Field(
+        5.0, gt=0, description="Time an open breaker keeps traffic away (then one try)."
+    )
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the restart backoff.")
     shutdown_grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace.")
     canary: bool = Field(True, description="Probe each replica before routing to it.")

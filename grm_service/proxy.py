@@ -114,6 +114,10 @@ def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     ready = {r.name: r for r in gw.pool.ready()}
     if pin is not None:
         return [ready[pin]] if pin in ready else []
+    now = time.monotonic()
+    closed = {n: r for n, r in ready.items() if not r.breaker_open(now)}
+    # With every breaker open, trying a tripped replica beats refusing outright.
+    ready = closed or ready
     if gw.settings.routing is RoutingMode.LEAST_LOADED:
         names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
     else:
@@ -207,13 +211,24 @@ async def forward(
             gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
             log.warning("attempt failed, failing over: %s", err)
             errors.append(str(err))
+            _record(gw, replica, ok=False)
             continue
+        _record(gw, replica, ok=True)
         fp = _fingerprint(gw, replica, body, raw, payload, serialized)
         if audit and gw.auditor is not None:
             others = [r.name for r in gw.pool.ready() if r.name != replica.name]
             gw.auditor.submit(path, body, fp, others, partial(_rerun, gw))
         return Forwarded(payload, fp)
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+def _record(gw: Gateway, replica: Replica, ok: bool) -> None:
+    settings = gw.settings
+    opened = replica.record(ok, time.monotonic(), settings.breaker_failures,
+                            settings.breaker_cooldown_s)
+    if opened:
+        log.error("breaker open for %s after %d failures: no traffic for %.0f s", replica.name,
+                  replica.failures, settings.breaker_cooldown_s)
 
 
 async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fingerprint:

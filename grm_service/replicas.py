@@ -88,11 +88,27 @@ class Replica:
     pid: int | None = None
     detail: str = ""  # why the replica is not ready, when it is known
     serialized: bool = False  # forced to one request at a time (its canary failed co-batching)
+    failures: int = 0  # consecutive failed attempts (circuit breaker)
+    open_until: float = 0.0  # monotonic time until which the breaker keeps traffic away
     gate: Gate = field(default_factory=Gate)
 
     @property
     def ready(self) -> bool:
         return self.state is ReplicaState.READY
+
+    def breaker_open(self, now: float) -> bool:
+        return now < self.open_until
+
+    def record(self, ok: bool, now: float, threshold: int, cooldown_s: float) -> bool:
+        """Count an attempt's outcome; True when this failure opens the breaker."""
+        if ok:
+            self.failures = 0
+            return False
+        self.failures += 1
+        if self.failures >= threshold and not self.breaker_open(now):
+            self.open_until = now + cooldown_s
+            return True
+        return False
 
 
 # Run before a replica is routed to: returns why it must not be, or None. May mark it serialized.

@@ -98,3 +98,37 @@ async def test_gate_shared_requests_overlap() -> None:
 
     await asyncio.gather(*(one() for _ in range(5)))
     assert peak == 5
+
+
+def test_breaker_opens_after_threshold_and_closes_on_success() -> None:
+    from grm_service.replicas import Replica
+
+    r = Replica("r0", "u")
+    assert [r.record(False, 10.0, 3, 5.0) for _ in range(3)] == [False, False, True]
+    assert r.breaker_open(14.9) and not r.breaker_open(15.0)
+    assert r.record(False, 11.0, 3, 5.0) is False, "already open: not reopened"
+    r.record(True, 16.0, 3, 5.0)
+    assert r.failures == 0
+
+
+async def test_route_skips_open_breakers_unless_all_are_open() -> None:
+    import time
+
+    import httpx
+
+    from grm_service.fingerprint import Identity
+    from grm_service.metrics import Metrics
+    from grm_service.proxy import Gateway, route
+    from grm_service.replicas import Replica, ReplicaPool, ReplicaState
+
+    pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
+    ident = Identity(fingerprint_id="f", seed=1, model="m", model_hash="h", env_digest="e",
+                     engine="vllm", engine_version="1", serialized=False, env_inputs={})
+    async with httpx.AsyncClient() as client:
+        gw = Gateway(settings=SETTINGS, identity=ident, capabilities=BI, pool=pool,
+                     client=client, metrics=Metrics())
+        pool.replicas[0].open_until = time.monotonic() + 60
+        assert [r.name for r in route(gw, 123)] == ["r1"]
+        assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
+        pool.replicas[1].open_until = time.monotonic() + 60
+        assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
