@@ -117,7 +117,10 @@ def fingerprint_id(seed: int, model_hash_value: str, env_digest_value: str) -> s
 
 
 def response_digest(payload: Mapping[str, Any]) -> str:
-    """Digest over what the model produced: each choice's content and logprobs."""
+    """Digest over what the model produced: each choice's content and logprobs, or, for a
+    pooling/classify answer (no choices), its `data`."""
+    if "choices" not in payload and "data" in payload:
+        return json_digest(payload["data"])
     choices = payload.get("choices") or []
     produced = [
         {

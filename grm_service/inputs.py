@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,20 +39,31 @@ def decode_image_bytes(value: str) -> bytes:
         raise ImageError("image is not valid base64") from None
 
 
-def check_image(data: bytes, settings: Settings) -> tuple[int, int]:
-    """Decode fully (a truncated file fails here, not in the engine); returns (width, height)."""
-    if len(data) > settings.max_image_bytes:
-        raise ImageError(f"image is {len(data)} bytes; the limit is {settings.max_image_bytes}")
+def inspect_image(data: bytes, max_bytes: int, max_pixels: int) -> str:
+    """Decode fully (a truncated file fails here, not in the engine); returns Pillow's format."""
+    if not data:
+        raise ImageError("image is empty")
+    if len(data) > max_bytes:
+        raise ImageError(f"image is {len(data)} bytes; the limit is {max_bytes}")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            width, height = img.size
-            if width * height > settings.max_image_pixels:
-                limit = settings.max_image_pixels
-                raise ImageError(f"image is {width}x{height} pixels; the limit is {limit} pixels")
-            img.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        with warnings.catch_warnings():
+            # Pillow warns, then raises, on decompression bombs; the size check below says more.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = img.size
+                if width * height > max_pixels:
+                    raise ImageError(f"image is {width}x{height} pixels; the limit is "
+                                     f"{max_pixels} pixels")
+                img.load()
+                return str(img.format or "")
+    except UnidentifiedImageError:
+        raise ImageError("image cannot be decoded: not a known image format") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise ImageError(f"image cannot be decoded: {err}") from None
-    return width, height
+
+
+def check_image(data: bytes, settings: Settings) -> str:
+    return inspect_image(data, settings.max_image_bytes, settings.max_image_pixels)
 
 
 def check_image_url(url: str, settings: Settings) -> None:

@@ -26,6 +26,7 @@ from grm_service.identity import build_identity
 from grm_service.metrics import Metrics
 from grm_service.proxy import Gateway
 from grm_service.replicas import ReplicaPool
+from grm_service.scoring.registry import registered
 from grm_service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def _lifespan(
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A bad --scorers entry fails start-up rather than the first request.
+        log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
         metrics = Metrics()
         engine = select_engine(settings)
         serialized = _always_serialized(engine, settings.serialize)

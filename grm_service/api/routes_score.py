@@ -12,7 +12,7 @@ from grm_service.proxy import Gateway, forward, wrap
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
 from grm_service.scoring.registry import lookup
-from grm_service.scoring.send import make_send, pooled, pooling_body
+from grm_service.scoring.send import make_send, pooling_body
 
 router = APIRouter()
 
@@ -38,5 +38,5 @@ async def classify(
 ) -> JSONResponse:
     """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
     prepared = pooling_body(body, gw.settings.model_name)
-    forwarded = pooled(await forward(gw, "/classify", prepared, pin))
+    forwarded = await forward(gw, "/classify", prepared, pin)
     return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())

@@ -84,3 +84,8 @@ def lookup(name: str, specs: tuple[str, ...] = ()) -> Scorer:
     if name not in scorers:
         raise UnknownScorer(f"unknown scorer {name!r}; registered: {', '.join(sorted(scorers))}")
     return scorers[name]
+
+
+def registered(specs: tuple[str, ...] = ()) -> list[str]:
+    """Every scorer name; loads custom scorers, so a bad spec raises ConfigError here."""
+    return sorted(_registry(specs))

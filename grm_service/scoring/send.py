@@ -5,17 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from grm_service.errors import UnknownModel
-from grm_service.fingerprint import json_digest
-from grm_service.proxy import Forwarded, Gateway, forward, prepare
+from grm_service.proxy import Gateway, forward, prepare
 from grm_service.scoring.context import CHAT_PATH, Reply, Send
-
-
-def pooled(forwarded: Forwarded) -> Forwarded:
-    """A pooling answer has `data`, not `choices`: digest that, and say it ran alone."""
-    fingerprint = forwarded.fingerprint.model_copy(update={
-        "response_digest": json_digest(forwarded.payload.get("data")), "serialized": True,
-    })
-    return Forwarded(forwarded.payload, fingerprint)
 
 
 def pooling_body(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -31,7 +22,7 @@ def make_send(gw: Gateway) -> Send:
         if path == CHAT_PATH:
             forwarded = await forward(gw, path, prepare(body, gw.settings))
         else:
-            forwarded = pooled(await forward(gw, path, pooling_body(body, gw.settings.model_name)))
+            forwarded = await forward(gw, path, pooling_body(body, gw.settings.model_name))
         return forwarded.payload, forwarded.fingerprint
 
     return send

@@ -101,3 +101,11 @@ def test_response_digest_covers_content_and_logprobs_only() -> None:
     other = {"choices": [{**choice, "logprobs": {"content": [1.5]}}]}
     assert fingerprint.response_digest(payload) == fingerprint.response_digest(same)
     assert fingerprint.response_digest(payload) != fingerprint.response_digest(other)
+
+
+def test_response_digest_of_a_pooling_answer_covers_its_data() -> None:
+    a = {"id": "x", "data": [{"index": 0, "probs": [0.25]}]}
+    b = {"id": "y", "data": [{"index": 0, "probs": [0.25]}]}
+    c = {"id": "x", "data": [{"index": 0, "probs": [0.5]}]}
+    assert fingerprint.response_digest(a) == fingerprint.response_digest(b)
+    assert fingerprint.response_digest(a) != fingerprint.response_digest(c)
