@@ -174,6 +174,9 @@ def _decode(replica: Replica, response: httpx.Response) -> dict[str, Any]:
     try:
         payload = response.json()
     except ValueError as err:
+        if response.status_code >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
+            text = response.text[:500]
+            raise BackendRejected(f"engine: {text}", response.status_code) from None
         raise _Retryable("decode", f"{replica.name}: response is not JSON") from err
     if response.status_code >= 400:
         raise BackendRejected(_engine_message(payload), response.status_code)
