@@ -28,10 +28,11 @@ async def openrlhf_reward(
 ) -> dict[str, Any]:
     """`--remote_rm_url` (`--reward.remote_url`) points here: `.../openrlhf/reward?scorer=judge`."""
     try:
-        items = to_items(req)
+        # pydantic's ValidationError is a ValueError: an empty scorer or no items is a 400.
+        request = ScoreRequest(scorer=scorer, items=to_items(req))
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
-    answer = await run_score(gw, ScoreRequest(scorer=scorer, items=items))
+    answer = await run_score(gw, request)
     try:
         return to_response(answer.results, error_reward)
     except ScoringError as err:
