@@ -9,7 +9,7 @@ On the last start it measures, with the replica URLs that `/ready` lists:
 - throughput: wrk at each `--concurrency`, gateway vs direct (connections split over both
   replicas), `--rounds` interleaved rounds; ratio gateway/direct.
 
-    .venv/bin/python benchmarks/bench_e2e.py [--starts 3] [--serialize auto|off]
+    .venv/bin/python benchmarks/bench_e2e.py [--starts 3] [--serialize auto|off] [--src DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def tiny_model() -> str:
     return out.strip().splitlines()[-1].strip()
 
 
-def start_service(f: procs.Fleet, model: str, serialize: str, n: int) -> tuple[procs.Proc, float]:
+def start_service(f: procs.Fleet, model: str, serialize: str, n: int,
+                  src: Path | None = None) -> tuple[procs.Proc, float]:
     port = procs.free_port()
     argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--model", model,
             "--replicas", "2", "--engine", "vllm-cpu", "--dtype", "float32",
@@ -47,7 +48,7 @@ def start_service(f: procs.Fleet, model: str, serialize: str, n: int) -> tuple[p
             "--serialize", serialize, "--log-level", "warning", "--", "--enforce-eager"]
     start = time.perf_counter()
     proc = f.spawn(f"grm-e2e-{n}", argv, f"http://127.0.0.1:{port}",
-                   env={"PYTHONPATH": str(procs.REPO)})
+                   env={"PYTHONPATH": str(src or procs.REPO)})
     procs.wait_ready(proc, "/ready", timeout=600)
     return proc, time.perf_counter() - start
 
@@ -58,23 +59,34 @@ def body(i: int) -> dict[str, object]:
 
 
 def added_latency(gw: str, r0: str, n: int) -> dict[str, float]:
+    """Pairs (gateway, direct) of one body; a pair with a non-200 (the gateway may mark a stalled
+    replica down for a while) is dropped and counted, after a short pause."""
     path = "/v1/chat/completions"
-    gws, directs = [], []
+    gws: list[float] = []
+    directs: list[float] = []
+    dropped = 0
     with httpx.Client(timeout=120) as g, httpx.Client(timeout=120) as d:
         for i in range(n):
             b = body(i % 16)  # a few distinct prompts, each sent to both sides
-            for client, url, out, headers in ((g, gw, gws, {"x-grm-pin-replica": "r0"}),
-                                              (d, r0, directs, {})):
+            pair, ok = [], True
+            for client, url, headers in ((g, gw, {"x-grm-pin-replica": "r0"}), (d, r0, {})):
                 t = time.perf_counter()
                 resp = client.post(url + path, json=b, headers=headers)
-                out.append((time.perf_counter() - t) * 1e3)
-                resp.raise_for_status()
+                pair.append((time.perf_counter() - t) * 1e3)
+                ok = ok and resp.status_code == 200
+            if not ok:
+                dropped += 1
+                time.sleep(0.5)
+                continue
+            gws.append(pair[0])
+            directs.append(pair[1])
     diffs = [a - b for a, b in zip(gws, directs, strict=True)]
     return {"gateway_p50_ms": statistics.median(gws), "direct_p50_ms": statistics.median(directs),
             "added_p50_ms": statistics.median(gws) - statistics.median(directs),
             "paired_diff_p50_ms": statistics.median(diffs),
             "gateway_p90_ms": statistics.quantiles(gws, n=10)[-1],
-            "direct_p90_ms": statistics.quantiles(directs, n=10)[-1], "n": n}
+            "direct_p90_ms": statistics.quantiles(directs, n=10)[-1], "n": len(gws),
+            "dropped": dropped}
 
 
 def throughput(gw: str, replicas: list[str], concs: list[int], rounds: int,
@@ -102,13 +114,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--src", type=Path, default=None,
+                        help="folder with a patched grm_service package to run instead")
+    parser.add_argument("--out", default=None, help="results/<out>.json")
     args = parser.parse_args()
     model = tiny_model()
     colds: list[float] = []
     result: dict[str, object] = {"model": model, "serialize": args.serialize}
     for n in range(args.starts):
         with procs.fleet() as f:
-            proc, cold = start_service(f, model, args.serialize, n)
+            proc, cold = start_service(f, model, args.serialize, n, args.src)
             colds.append(cold)
             print(f"start {n}: ready in {cold:.1f} s", flush=True)
             if n < args.starts - 1:
@@ -120,7 +135,8 @@ def main() -> None:
                                               args.rounds, args.duration)
     result["cold_start_s"] = colds
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"e2e-serialize-{args.serialize}.json").write_text(json.dumps(result, indent=1))
+    out = args.out or f"e2e-serialize-{args.serialize}"
+    (RESULTS / f"{out}.json").write_text(json.dumps(result, indent=1))
     _report(result)
 
 
@@ -131,7 +147,8 @@ def _report(result: dict[str, object]) -> None:
           f"[{min(colds):.1f}-{max(colds):.1f}] over {len(colds)} starts")
     lat = result["added_latency"]
     assert isinstance(lat, dict)
-    print(f"\n{lat['n']} sequential requests, pinned to r0 (ms):\n"
+    print(f"\n{lat['n']} sequential request pairs, pinned to r0 "
+          f"({lat.get('dropped', 0)} dropped on a non-200) (ms):\n"
           f"| path | p50 | p90 |\n|---|---|---|\n"
           f"| direct r0 | {lat['direct_p50_ms']:.3f} | {lat['direct_p90_ms']:.3f} |\n"
           f"| gateway -> r0 | {lat['gateway_p50_ms']:.3f} | {lat['gateway_p90_ms']:.3f} |\n"
@@ -139,6 +156,8 @@ def _report(result: dict[str, object]) -> None:
           f"{lat['paired_diff_p50_ms']:+.3f} ms (median of paired differences)")
     rows = result["throughput"]
     assert isinstance(rows, list)
+    if not rows:
+        return
     print("\n| concurrency | direct req/s median [min-max] | gateway req/s | gateway/direct "
           "| direct p50 ms | gateway p50 ms |\n|---|---|---|---|---|---|")
     for c in sorted({r["concurrency"] for r in rows}):
