@@ -15,7 +15,7 @@ import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
 from tests.support.procs import Proc, running_gateway
-from tests.support.scoring import VLM_ARGS, png, wait_all_replicas
+from tests.support.scoring import VLM_ARGS, png
 
 pytestmark = pytest.mark.engine
 
@@ -27,7 +27,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     model = ensure_tiny_model("vlm")
     with running_gateway(tmp_path_factory.mktemp("cli"), "--model", str(model),
                          "--replicas", "2", *VLM_ARGS) as gw:
-        yield wait_all_replicas(gw)
+        yield gw
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 from grm_service.integrations import trl, verl
 from grm_service.tiny_models import ensure_tiny_model
-from tests.support.procs import Proc
-from tests.support.scoring import TEXT_ARGS, gateway_with_env
+from tests.support.procs import Proc, running_gateway
+from tests.support.scoring import TEXT_ARGS
 
 pytestmark = pytest.mark.engine
 
@@ -24,8 +24,8 @@ LABELS = ["4", "red", "hi"]
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     model = ensure_tiny_model("text")
-    with gateway_with_env(tmp_path_factory.mktemp("adapters"), {"GRM_SCORERS": SCORERS},
-                          "--model", str(model), "--replicas", "1", *TEXT_ARGS) as gw:
+    with running_gateway(tmp_path_factory.mktemp("adapters"), "--model", str(model),
+                         "--replicas", "1", *TEXT_ARGS, env={"GRM_SCORERS": SCORERS}) as gw:
         yield gw
 
 

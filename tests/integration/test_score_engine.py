@@ -14,7 +14,7 @@ import pytest
 from grm_service.client import GrmClient
 from grm_service.tiny_models import ensure_tiny_model
 from tests.support.procs import Proc, running_gateway
-from tests.support.scoring import VLM_ARGS, data_url, png, wait_all_replicas, without_replica
+from tests.support.scoring import VLM_ARGS, data_url, png, without_replica
 
 pytestmark = pytest.mark.engine
 
@@ -51,7 +51,7 @@ def two(
     # Depends on one_replica so that service is gone first: at most 2 replicas at a time.
     tmp = tmp_path_factory.mktemp("two")
     with running_gateway(tmp, "--model", str(vlm), "--replicas", "2", *VLM_ARGS) as gw:
-        yield wait_all_replicas(gw)
+        yield gw
 
 
 def test_same_bits_whatever_order_batching_and_replica_count(

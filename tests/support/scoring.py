@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 from PIL import Image, ImageDraw
 
 from grm_service.fingerprint import Fingerprint, json_digest
 from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
 from grm_service.scoring.models import ScoreItem
-from tests.support.procs import Proc, start_gateway, wait_ready
 
 
 def png(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> bytes:
@@ -93,26 +87,3 @@ def without_replica(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-@contextlib.contextmanager
-def gateway_with_env(
-    tmp: Path, env: dict[str, str], *args: str, timeout: float = 600
-) -> Iterator[Proc]:
-    """`running_gateway`, with extra environment for the gateway (e.g. GRM_SCORERS)."""
-    proc = start_gateway(tmp, *args, env=env)
-    try:
-        wait_ready(proc, timeout)
-        yield proc
-    finally:
-        proc.stop()
-
-
-def wait_all_replicas(proc: Proc, timeout: float = 600) -> Proc:
-    """/ready turns 200 with the first ready replica; tests of routing need all of them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            replicas = httpx.get(proc.url + "/ready", timeout=5).json()["replicas"]
-            if replicas and all(r["state"] == "ready" for r in replicas):
-                return proc
-        time.sleep(0.5)
-    raise AssertionError(f"replicas not all ready after {timeout} s:\n{proc.tail()}")
