@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -111,7 +110,9 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
         server.should_exit = True
 
     config.app = create_app(settings, on_fatal=fatal)
-    asyncio.run(server.serve())
+    # Server.run uses uvicorn's loop factory (uvloop when installed); asyncio.run(serve())
+    # would silently run the stock asyncio loop.
+    server.run()
     return 1 if failure else 0
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import httpx
+import aiohttp
 
 from grm_service import router
 from grm_service.audit import Auditor
@@ -54,7 +54,7 @@ class Gateway:
     identity: Identity
     capabilities: Capabilities
     pool: ReplicaPool
-    client: httpx.AsyncClient
+    client: aiohttp.ClientSession
     metrics: Metrics
     auditor: Auditor | None = None
     draining: bool = False
@@ -141,17 +141,20 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
         gw.queued -= 1
 
 
-async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> httpx.Response:
+_JSON = {"content-type": "application/json"}
+
+
+async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[int, bytes]:
     gauge = gw.metrics.inflight.labels(replica=replica.name)
     gauge.inc()
+    timeout = aiohttp.ClientTimeout(total=gw.settings.request_timeout_s)
     try:
-        return await gw.client.post(
-            replica.url + path, content=raw, timeout=gw.settings.request_timeout_s,
-            headers={"content-type": "application/json"},
-        )
-    except httpx.TimeoutException as err:
+        async with gw.client.post(replica.url + path, data=raw, headers=_JSON,
+                                  timeout=timeout) as response:
+            return response.status, await response.read()
+    except TimeoutError as err:
         raise _Retryable("timeout", f"{replica.name}: timed out") from err
-    except httpx.TransportError as err:
+    except aiohttp.ClientError as err:
         raise _Retryable("connection", f"{replica.name}: {err!r}") from err
     finally:
         gauge.dec()
@@ -168,18 +171,19 @@ async def _attempt(
     return _decode(replica, response)
 
 
-def _decode(replica: Replica, response: httpx.Response) -> dict[str, Any]:
-    if response.status_code >= 500:
-        raise _Retryable("status", f"{replica.name}: HTTP {response.status_code}")
+def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
+    status, content = response
+    if status >= 500:
+        raise _Retryable("status", f"{replica.name}: HTTP {status}")
     try:
-        payload = response.json()
+        payload = json.loads(content)
     except ValueError as err:
-        if response.status_code >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
-            text = response.text[:500]
-            raise BackendRejected(f"engine: {text}", response.status_code) from None
+        if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
+            text = content.decode(errors="replace")[:500]
+            raise BackendRejected(f"engine: {text}", status) from None
         raise _Retryable("decode", f"{replica.name}: response is not JSON") from err
-    if response.status_code >= 400:
-        raise BackendRejected(_engine_message(payload), response.status_code)
+    if status >= 400:
+        raise BackendRejected(_engine_message(payload), status)
     if not isinstance(payload, dict):
         raise _Retryable("decode", f"{replica.name}: response is not a JSON object")
     return payload

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -85,8 +85,10 @@ def _lifespan(
         serialized = _always_serialized(engine, settings.serialize)
         identity = await asyncio.to_thread(build_identity, settings, engine, serialized)
         source = _source(settings, engine, metrics)
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
-                                                       max_keepalive_connections=256))
+        # aiohttp, not httpx, for the hot path: httpcore's pool rescans every connection (some
+        # checks O(n) each) on each request, so its cost grows with concurrency.
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                       skip_auto_headers=("User-Agent",))
         auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
         gw = Gateway(settings=settings, identity=identity, capabilities=engine.capabilities(),
                      pool=source.pool, client=client, metrics=metrics, auditor=auditor)
@@ -106,7 +108,7 @@ def _lifespan(
                 await starting
             await auditor.close()
             await source.stop()
-            await client.aclose()
+            await client.close()
 
     return lifespan
 

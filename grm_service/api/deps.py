@@ -11,10 +11,12 @@ from grm_service.proxy import Gateway
 PIN_HEADER = "x-grm-pin-replica"
 
 
-def gateway(request: Request) -> Gateway:
+# async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
+# (and GIL handoff) per request for what is an attribute read.
+async def gateway(request: Request) -> Gateway:
     return cast(Gateway, request.app.state.gateway)
 
 
-def pinned_replica(request: Request) -> str | None:
+async def pinned_replica(request: Request) -> str | None:
     """Routing override for checks that must reach one replica (e.g. `verify`)."""
     return request.headers.get(PIN_HEADER)

@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument("--served-model-name", default="rm")
     parser.add_argument("--version", default="stub", help="What /version reports.")
     args = parser.parse_args()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
