@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
-from tests.support.procs import Proc, descendants, pids_alive, running_gateway, wait_ready
+from tests.support.procs import Proc, descendants, pids_alive, running_gateway
 
 pytestmark = pytest.mark.engine
 
@@ -179,18 +179,11 @@ def test_killed_replica_is_restarted_and_gives_same_bits(two: Proc) -> None:
     assert "grm_replica_restarts_total{replica=\"r1\"} 1.0" in httpx.get(two.url + "/metrics").text
 
 
-def test_sigkill_of_gateway_leaves_no_replica(
-    tiny_text_model: Path, tmp_path: Path
-) -> None:
-    from tests.support.procs import start_gateway
-
-    gw = start_gateway(tmp_path, *engine_args(tiny_text_model, "--replicas", "1"))
-    try:
-        wait_ready(gw, 600)
-        tree = descendants(gw.popen.pid)
-        assert len(tree) >= 3, "reaper, API server and engine processes expected"
-    finally:
-        gw.stop(signal.SIGKILL)
+def test_sigkill_of_gateway_leaves_no_replica(two: Proc) -> None:
+    """Last in this module: it kills the shared service's gateway."""
+    tree = descendants(two.popen.pid)
+    assert len(tree) >= 6, "two reapers, API servers and engine processes expected"
+    two.stop(signal.SIGKILL)
     deadline = time.monotonic() + 30
     while pids_alive(tree) and time.monotonic() < deadline:
         time.sleep(0.5)
