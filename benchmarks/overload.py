@@ -24,7 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,6 +37,7 @@ class Outcome:
     statuses: Counter[int] = field(default_factory=Counter)
     accepted_s: list[float] = field(default_factory=list)
     no_retry_after: int = 0  # 429s without a Retry-After header
+    transport_errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -75,29 +77,41 @@ def body(i: int, keys: int) -> dict[str, object]:
             "messages": [{"role": "user", "content": f"overload prompt {i % keys}"}]}
 
 
-async def _one(client: httpx.AsyncClient, i: int, keys: int, out: Outcome) -> None:
+async def _one(session: aiohttp.ClientSession, url: str, i: int, keys: int,
+               out: Outcome) -> None:
     start = time.perf_counter()
-    r = await client.post("/v1/chat/completions", json=body(i, keys))
-    out.statuses[r.status_code] += 1
-    if r.status_code == 200:
+    try:
+        async with session.post(url, json=body(i, keys)) as r:
+            await r.read()
+            status, retry_after = r.status, r.headers.get("retry-after")
+    except aiohttp.ClientError as err:
+        out.statuses[0] += 1  # no HTTP answer at all: counted as "other", a failure
+        out.transport_errors.append(repr(err))
+        return
+    out.statuses[status] += 1
+    if status == 200:
         out.accepted_s.append(time.perf_counter() - start)
-    elif r.status_code == 429 and "retry-after" not in r.headers:
+    elif status == 429 and retry_after is None:
         out.no_retry_after += 1
 
 
-async def drive(url: str, requests: int, concurrency: int, keys: int = 256) -> Outcome:
-    """`concurrency` workers share one counter: a closed loop, as many clients retrying at once."""
+async def drive(base: str, requests: int, concurrency: int, keys: int = 256) -> Outcome:
+    """`concurrency` workers share one counter: a closed loop, as many clients retrying at once.
+    aiohttp, not httpx: at c=256 httpx's pool costs several ms of CPU per request, and the load
+    generator shares the CPUs with the gateway it measures."""
     out = Outcome()
     todo = iter(range(requests))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    url = base + "/v1/chat/completions"
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=120)
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(session: aiohttp.ClientSession) -> None:
         for i in todo:
-            await _one(client, i, keys, out)
+            await _one(session, url, i, keys, out)
 
     start = time.perf_counter()
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     out.wall_s = time.perf_counter() - start
     return out
 
@@ -141,11 +155,11 @@ def one_run(args: argparse.Namespace, limits: Limits) -> Row:
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i, delay=args.delay) for i in range(args.replicas)]
         gw = start_gateway(f, [s.url for s in stubs], limits)
-        asyncio.run(drive(gw.url, 64, 8))  # warm: imports, connection pools, first allocations
+        uvloop.run(drive(gw.url, 64, 8))  # warm: imports, connection pools, first allocations
         gw_cpu, client_cpu = gw.cpu(), _own_cpu()
         with RssSampler(gw.pid) as rss:
             before = rss.peak_kib
-            outcome = asyncio.run(drive(gw.url, args.requests, args.concurrency))
+            outcome = uvloop.run(drive(gw.url, args.requests, args.concurrency))
             gw_cpu, client_cpu = gw.cpu() - gw_cpu, _own_cpu() - client_cpu
             time.sleep(args.settle)  # let queued tasks and buffers be released
             after = rss.read_kib()
@@ -182,10 +196,13 @@ def report(rows: list[Row], args: argparse.Namespace, limits: Limits) -> None:
     for row in rows:
         others.update({s: c for s, c in row.outcome.statuses.items() if s not in (200, 429)})
     if others:
-        print(f"statuses other than 200/429: {dict(others)}")
+        print(f"statuses other than 200/429 (0 = no HTTP answer): {dict(others)}")
+    errors = [e for row in rows for e in row.outcome.transport_errors]
+    if errors:
+        print(f"first transport errors: {errors[:3]}")
     print(f"\n{args.replicas} STUB backends (delay {args.delay} s); gateway "
           + " ".join(f"{k}={v}" for k, v in limits.env().items()) + " --serialize off")
-    print(f"load: {args.concurrency} closed-loop httpx clients in this process, "
+    print(f"load: {args.concurrency} closed-loop aiohttp clients in this process, "
           f"{os.cpu_count()} CPUs shared by all processes")
     print("rerun: .venv/bin/python benchmarks/overload.py " + " ".join(sys.argv[1:]))
 
