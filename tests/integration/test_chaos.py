@@ -61,11 +61,22 @@ async def _send(client: httpx.AsyncClient, i: int, run: Run) -> None:
     run.answers[i] = stable(r.json())
 
 
+async def _busy_pid(client: httpx.AsyncClient, victim: str) -> int:
+    """The victim's pid once it holds a request: a kill while it is idle (e.g. briefly out of
+    the pool after a slow health check) would test no failover at all."""
+    async with asyncio.timeout(120):
+        while True:
+            replicas = (await client.get("/ready")).json()["replicas"]
+            rep = next(r for r in replicas if r["name"] == victim)
+            if rep["state"] == "ready" and rep["in_flight"] > 0:
+                return int(rep["pid"])
+            await asyncio.sleep(0.01)
+
+
 async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: str) -> None:
     while len(run.answers) + len(run.failures) < after:
         await asyncio.sleep(0.05)
-    replicas = (await client.get("/ready")).json()["replicas"]
-    pid = next(r["pid"] for r in replicas if r["name"] == victim)
+    pid = await _busy_pid(client, victim)
     run.done_at_kill = len(run.answers) + len(run.failures)
     # The replica's pid leads its own process group (the reaper, vLLM and its workers).
     os.killpg(pid, signal.SIGKILL)
