@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import platform
 import re
 import shutil
@@ -43,9 +44,10 @@ class ReplicaSpec:
     @property
     def tmp_dir(self) -> Path:
         """A short temp dir: vLLM puts ZeroMQ IPC sockets there, and a Unix socket path must fit
-        in 107 bytes, which a deep work dir would overflow."""
+        in 107 bytes, which a deep work dir would overflow. The launching process's pid keeps two
+        services that share a work dir from deleting each other's sockets."""
         tag = hashlib.blake2b(str(self.work_dir).encode(), digest_size=5).hexdigest()
-        return Path(tempfile.gettempdir()) / f"grm-{tag}-{self.name}"
+        return Path(tempfile.gettempdir()) / f"grm-{tag}-{os.getpid()}-{self.name}"
 
 
 _VERSION_LINE = re.compile(r"^__version__\s*(?::\s*\S+)?\s*=\s*(?:version\s*=\s*)?'([^']+)'", re.M)

@@ -19,8 +19,6 @@ import pytest
 
 from tests.support.procs import Proc, running_gateway, start_stub
 
-pytest.importorskip("schemathesis")
-
 MIN_CASES = 1000
 # Cases per operation: the 7 GETs take no parameters (a handful of cases each), so the 4 POSTs
 # carry the total.
