@@ -1,11 +1,9 @@
 """Serve the project's STUB backend (`grm_service.testing.stub_openai.build_app`) for benchmarks.
 
-Why not `python -m grm_service.testing.stub_openai`: its `main()` binds
-`socket.socket(AF_INET, SOCK_STREAM)` (proto 0) and hands it to uvicorn. asyncio and uvloop only
-set TCP_NODELAY on accepted sockets whose proto is IPPROTO_TCP, so the stub answers each
-keep-alive POST in two segments with Nagle on, and the client's delayed ACK adds ~40 ms to every
-request after the first (22 req/s at concurrency 1). Same app, bound with IPPROTO_TCP here,
-and run on uvicorn's own loop factory (uvloop), as `uvicorn.run` would.
+Why not `python -m grm_service.testing.stub_openai`: that runs on the stock asyncio loop; this
+runs the same app on uvicorn's loop factory (uvloop), as `uvicorn.run` would, so the stub is never
+the slow side. (Both bind with IPPROTO_TCP: asyncio and uvloop set TCP_NODELAY on accepted
+sockets only then; without it each keep-alive reply waited ~40 ms for a delayed ACK.)
 
     python benchmarks/stub_server.py --port 0 [--delay S]   # prints PORT n
 """

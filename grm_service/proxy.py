@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -205,7 +204,7 @@ async def forward(
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     raw = router.canonical_json(body)  # once: the routing key and the request digest share it
-    order = route(gw, zlib.crc32(raw), pin)
+    order = route(gw, router.key_of(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
     alone = path in POOLING_PATHS or must_run_alone(body, gw.capabilities, gw.settings.serialize)
@@ -262,7 +261,3 @@ def wrap(forwarded: Forwarded) -> dict[str, Any]:
     payload["system_fingerprint"] = forwarded.fingerprint.fingerprint_id
     payload["grm_fingerprint"] = forwarded.fingerprint.model_dump()
     return payload
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start

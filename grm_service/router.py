@@ -21,8 +21,12 @@ def canonical_json(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def key_of(canonical: bytes) -> int:
+    return zlib.crc32(canonical)
+
+
 def request_key(body: Mapping[str, Any]) -> int:
-    return zlib.crc32(canonical_json(body))
+    return key_of(canonical_json(body))
 
 
 def _mix64(x: int) -> int:
