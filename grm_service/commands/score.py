@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -78,12 +80,37 @@ async def run(url: str, todo: list[Entry], job: Job, writer: ResultWriter,
             writer.add(index, results)
             progress.advance(task, len(batch))
 
-        try:
-            async with asyncio.TaskGroup() as group:
-                for index, batch in enumerate(chunks):
-                    group.create_task(one(index, batch))
-        except ExceptionGroup as failed:
-            raise failed.exceptions[0] from None
+        async def all_chunks() -> None:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for index, batch in enumerate(chunks):
+                        group.create_task(one(index, batch))
+            except ExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+
+        await _until_interrupted(all_chunks())
+
+
+async def _until_interrupted(work: Coroutine[Any, Any, None]) -> None:
+    """Run work; Ctrl-C cancels it and raises KeyboardInterrupt. Our own SIGINT handler, not
+    asyncio.run's: a task group can absorb the cancellation asyncio.run relies on, and the run
+    then finishes as if never interrupted."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        stopper.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise KeyboardInterrupt
+    task.result()
 
 
 def summary(path: Path, fmt: str) -> str:
