@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import Proc, running_gateway, start_stub
+from tests.support.procs import Proc, gateway_on_stubs, running_gateway, start_stub
 
 MSGS = [{"role": "user", "content": "hello"}]
 
@@ -20,19 +20,19 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp: Path) -> Iterator[list[Proc]]:
-    procs = [start_stub(tmp), start_stub(tmp)]
-    yield procs
-    for proc in procs:
-        proc.stop()
+def gateway_and_stubs(tmp: Path) -> Iterator[tuple[Proc, list[Proc]]]:
+    with gateway_on_stubs(tmp, "--seed", "11") as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp: Path, stubs: list[Proc]) -> Iterator[Proc]:
-    args = [a for s in stubs for a in ("--backend-url", s.url)]
-    with running_gateway(tmp, *args, "--served-model-name", "rm", "--seed", "11",
-                         timeout=60) as proc:
-        yield proc
+def stubs(gateway_and_stubs: tuple[Proc, list[Proc]]) -> list[Proc]:
+    return gateway_and_stubs[1]
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_and_stubs: tuple[Proc, list[Proc]]) -> Proc:
+    return gateway_and_stubs[0]
 
 
 def chat(gateway: Proc, **body: object) -> httpx.Response:

@@ -114,7 +114,7 @@ def test_breaker_opens_after_threshold_and_closes_on_success() -> None:
 async def test_route_skips_open_breakers_unless_all_are_open() -> None:
     import time
 
-    import httpx
+    import aiohttp
 
     from grm_service.fingerprint import Identity
     from grm_service.metrics import Metrics
@@ -124,7 +124,7 @@ async def test_route_skips_open_breakers_unless_all_are_open() -> None:
     pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
     ident = Identity(fingerprint_id="f", seed=1, model="m", model_hash="h", env_digest="e",
                      engine="vllm", engine_version="1", serialized=False, env_inputs={})
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         gw = Gateway(settings=SETTINGS, identity=ident, capabilities=BI, pool=pool,
                      client=client, metrics=Metrics())
         pool.replicas[0].open_until = time.monotonic() + 60
