@@ -1,7 +1,9 @@
 """Start-up canary: a replica proves itself before it is routed to.
 
 It answers a small probe set twice, alone (one request at a time) and co-batched with filler
-traffic; both runs must agree bit for bit, and must agree with the first admitted replica.
+traffic; both runs must agree bit for bit, and must agree with the first admitted replica that
+claims the same identity (a replica that claims an identity but computes something else, such as
+weights changed under it, is caught here).
 A replica that fails is refused (`--on-nondeterminism fail`) or admitted but serialized
 (`serialize`, only when the failure is co-batching: a replica that disagrees with the others
 even alone computes something else, and no scheduling makes it right).
@@ -52,7 +54,7 @@ class Canary:
         base = {"model": settings.model_name, "seed": settings.seed}
         self.probes = [{**p, **base} for p in builtin_probes(settings.canary_probes, 16)]
         self.filler = [{**f, **base} for f in filler_requests(2 * settings.canary_probes)]
-        self.reference: list[str] | None = None
+        self.references: dict[str, list[str]] = {}  # by fingerprint id of the claimed identity
         self._lock = asyncio.Lock()
 
     async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str:
@@ -69,11 +71,13 @@ class Canary:
         )
         return alone, list(mixed[: len(self.probes)])
 
-    def judge(self, alone: list[str], batched: list[str]) -> Verdict:
-        if self.reference is not None and alone != self.reference:
-            n = sum(a != r for a, r in zip(alone, self.reference, strict=True))
+    def judge(self, alone: list[str], batched: list[str], reference: list[str] | None = None
+              ) -> Verdict:
+        if reference is not None and alone != reference:
+            n = sum(a != r for a, r in zip(alone, reference, strict=True))
             return Verdict(f"{n}/{len(alone)} probe answers differ from the first admitted "
-                           "replica's (alone): different numerics (dtype, model, engine?)")
+                           "replica's with the same identity (alone): different numerics "
+                           "(weights changed under it, dtype, engine?)")
         if batched != alone:
             n = sum(a != b for a, b in zip(alone, batched, strict=True))
             serialize = self.settings.on_nondeterminism is NondeterminismPolicy.SERIALIZE
@@ -89,19 +93,28 @@ class Canary:
                 log.warning("canary skipped for %s: no chat completions (%s)", replica.name, err)
                 return None
             except httpx.HTTPError as err:
-                return f"canary probe failed: {err!r}"
-            verdict = self.judge(alone, batched)
-            return self._apply(replica, verdict, alone)
+                return f"canary probe failed: {type(err).__name__}"
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                # A 200 that is not a chat completion (an HTML page, broken JSON).
+                return f"canary probe answered something other than a completion ({err!r:.80})"
+            key = self._key(replica)
+            verdict = self.judge(alone, batched, self.references.get(key))
+            return self._apply(replica, verdict, alone, key)
 
-    def _apply(self, replica: Replica, verdict: Verdict, alone: list[str]) -> str | None:
+    def _key(self, replica: Replica) -> str:
+        ident = replica.identity
+        return ident.fingerprint_id(self.settings.seed) if ident else "unknown"
+
+    def _apply(self, replica: Replica, verdict: Verdict, alone: list[str], key: str
+               ) -> str | None:
         if verdict.problem is None:
-            self.reference = self.reference or alone
+            self.references.setdefault(key, alone)
             log.info("canary passed for %s (%d probes, alone and co-batched)", replica.name,
                      len(alone))
             return None
         self.metrics.violations.labels(source="canary").inc()
         if verdict.serialize:
-            self.reference = self.reference or alone
+            self.references.setdefault(key, alone)
             replica.serialized = True
             self.metrics.replica_serialized.labels(replica=replica.name).set(1)
             log.error("canary: %s %s; serializing it (one request at a time)", replica.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +14,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from grm_service.api.app import create_app
-from grm_service.commands.backend import exec_backend
+from grm_service.commands.backend import exec_backend, replica_spec
 from grm_service.commands.demo import demo_command
 from grm_service.commands.score import score_command
 from grm_service.commands.verify import diff_command, verify_command
@@ -26,7 +27,7 @@ from grm_service.config import (
     Settings,
 )
 from grm_service.engines import select_engine
-from grm_service.identity import build_identity
+from grm_service.replica_identity import compute_identity
 from grm_service.server import DrainingServer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -116,19 +117,30 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
     return 1 if failure else 0
 
 
-@app.command()
+@app.command(context_settings=_EXTRA)
 def fingerprint(
+    ctx: typer.Context,
     model: Model = None,
     seed: Seed = None,
     engine: Engine = None,
     dtype: Dtype = None,
+    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
 ) -> None:
-    """Print the fingerprint id, model hash and env-digest inputs without starting anything."""
+    """Print the fingerprint id, model hash and env-digest inputs a replica started with these
+    settings on this host would report, without starting anything. Engine args go after `--`."""
     _setup_logging("warning")
-    settings = build_settings(model=model, seed=seed, engine=engine, dtype=dtype)
+    settings = build_settings(model=model, seed=seed, engine=engine, dtype=dtype,
+                              max_model_len=max_model_len, served_model_name=served_model_name,
+                              engine_args=list(ctx.args))
     eng = select_engine(settings)
-    identity = build_identity(settings, eng, serialized=not eng.capabilities().batch_invariant)
-    sys.stdout.write(json.dumps(identity.model_dump(), indent=2) + "\n")
+    # The replica's own recipe, through the same function the replica runs on itself: the id
+    # printed here is the one a replica started with these settings on this host reports.
+    spec = replica_spec(settings, eng)
+    command = eng.command(spec, dict(os.environ))
+    identity = compute_identity(command.argv, command.env, settings.cache_dir)
+    out = {"fingerprint_id": identity.fingerprint_id(settings.seed), **identity.model_dump()}
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
 
 
 @app.command(context_settings=_EXTRA)

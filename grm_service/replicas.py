@@ -16,11 +16,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import httpx
 
+    from grm_service.replica_identity import ReplicaIdentity
+
 
 class ReplicaState(StrEnum):
-    STARTING = "starting"
+    """starting -> checking -> ready -> down -> restarting -> starting ...; checking can also end
+    in rejected (then restarting); stopped is final."""
+
+    STARTING = "starting"  # launched (or located), not yet answering /health
+    CHECKING = "checking"  # healthy; identity and canary being checked
     READY = "ready"
     DOWN = "down"
+    RESTARTING = "restarting"  # waiting out the backoff before the next start
     REJECTED = "rejected"  # answers, but is not the model/engine the others are: never routed to
     STOPPED = "stopped"
 
@@ -90,6 +97,8 @@ class Replica:
     serialized: bool = False  # forced to one request at a time (its canary failed co-batching)
     failures: int = 0  # consecutive failed attempts (circuit breaker)
     open_until: float = 0.0  # monotonic time until which the breaker keeps traffic away
+    identity: ReplicaIdentity | None = None  # what the replica itself reported at admission
+    start_failures: int = 0  # failed starts in a row (the restart backoff); reset once stable
     gate: Gate = field(default_factory=Gate)
 
     @property

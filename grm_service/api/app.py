@@ -5,59 +5,56 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from grm_service import __version__
+from grm_service.admission import Admission
 from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
 from grm_service.api.guards import Guards
 from grm_service.api.middleware import MetricsMiddleware
-from grm_service.attach import AttachedReplicas
 from grm_service.audit import Auditor
 from grm_service.canary import Canary
-from grm_service.config import Launcher, SerializeMode, Settings
-from grm_service.engines import Engine, select_engine
+from grm_service.config import Launcher, Settings
+from grm_service.engines import select_engine
 from grm_service.errors import GrmError, error_body
-from grm_service.identity import build_identity
+from grm_service.keeper import Keeper
 from grm_service.metrics import Metrics
 from grm_service.proxy import Gateway
-from grm_service.replicas import ReplicaPool
+from grm_service.replica_identity import ReplicaIdentity
 from grm_service.scoring.registry import registered
-from grm_service.supervisor import Supervisor
+from grm_service.sources import attached_sources, local_sources
 
 log = logging.getLogger(__name__)
 
 OnFatal = Callable[[str], None]
 
 
-class ReplicaSource(Protocol):
-    pool: ReplicaPool
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-def _always_serialized(engine: Engine, mode: SerializeMode) -> bool:
-    if mode is not SerializeMode.AUTO:
-        return mode is SerializeMode.ON
-    return not engine.capabilities().batch_invariant
-
-
-def _source(settings: Settings, engine: Engine, metrics: Metrics) -> ReplicaSource:
-    checks = [Canary(settings, metrics)] if settings.canary else []
+def _keeper(settings: Settings, metrics: Metrics, admission: Admission,
+            client: httpx.AsyncClient) -> tuple[Keeper, Callable[[], Awaitable[None]] | None]:
+    """The keeper over this deployment's replica sources, and what closes their cluster."""
     if settings.attach:
-        return AttachedReplicas(settings, metrics, checks=checks)
+        return Keeper(settings, metrics, attached_sources(settings), admission, client), None
+    engine = select_engine(settings)
     if settings.launcher is Launcher.RAY:
         # Imported here: Ray is an optional extra (`grm-service[ray]`).
-        from grm_service.launchers.ray import RayReplicas
+        from grm_service.launchers.ray import RayCluster
 
-        return RayReplicas(settings, engine, metrics, checks)
-    return Supervisor(settings, engine, metrics, checks)
+        cluster = RayCluster(settings, engine)
+        return Keeper(settings, metrics, cluster.sources(), admission, client), cluster.close
+    return Keeper(settings, metrics, local_sources(engine), admission, client), None
+
+
+def _settled(gw: Gateway, reference: ReplicaIdentity) -> None:
+    gw.settle(reference)
+    ident = gw.identity
+    gw.metrics.info.info({"seed": str(ident.seed), "fingerprint": ident.fingerprint_id,
+                          "engine": str(ident.engine), "identity": ident.identity,
+                          "version": __version__})
 
 
 def _report_start(on_fatal: OnFatal | None, task: asyncio.Task[None]) -> None:
@@ -81,23 +78,20 @@ def _lifespan(
         # A bad --scorers entry fails start-up rather than the first request.
         log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
         metrics = Metrics()
-        engine = select_engine(settings)
-        serialized = _always_serialized(engine, settings.serialize)
-        identity = await asyncio.to_thread(build_identity, settings, engine, serialized)
-        source = _source(settings, engine, metrics)
+        probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
+        canary = Canary(settings, metrics) if settings.canary else None
+        admission = Admission(settings, probes, canary)
+        keeper, close_cluster = _keeper(settings, metrics, admission, probes)
         # aiohttp, not httpx, for the hot path: httpcore's pool rescans every connection (some
         # checks O(n) each) on each request, so its cost grows with concurrency.
         client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                        skip_auto_headers=("User-Agent",))
         auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
-        gw = Gateway(settings=settings, identity=identity, capabilities=engine.capabilities(),
-                     pool=source.pool, client=client, metrics=metrics, auditor=auditor)
-        metrics.info.info({"seed": str(settings.seed), "fingerprint": identity.fingerprint_id,
-                           "engine": engine.name, "version": __version__})
+        gw = Gateway(settings=settings, pool=keeper.pool, client=client, metrics=metrics,
+                     auditor=auditor)
+        admission.on_reference(lambda ref: _settled(gw, ref))
         app.state.gateway = gw
-        log.info("identity %s (model %s, env %s)", identity.fingerprint_id,
-                 identity.model_hash, identity.env_digest)
-        starting = asyncio.create_task(source.start(), name="grm-start")
+        starting = asyncio.create_task(keeper.start(), name="grm-start")
         starting.add_done_callback(lambda task: _report_start(on_fatal, task))
         try:
             yield
@@ -107,7 +101,10 @@ def _lifespan(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
             await auditor.close()
-            await source.stop()
+            await keeper.stop()
+            if close_cluster is not None:
+                await close_cluster()
+            await probes.aclose()
             await client.close()
 
     return lifespan

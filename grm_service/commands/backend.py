@@ -1,11 +1,10 @@
 """`grm-service backend`: run ONE engine replica in the foreground, for one container per GPU.
 
-The replica gets exactly what a supervised replica gets (the engine profile's argv, deterministic
-env and placement env) and then this process *becomes* the engine (exec), so a container's PID 1
-chain is the engine itself: signals reach it directly and its exit is the container's exit.
-A gateway in attach mode (`grm-service serve --backend-url ...`) checks each such replica's
-identity before routing to it; the start-up canary belongs to that admission step
-(`attach.AdmissionCheck`), since nothing of grm-service runs here once the engine starts.
+The replica is started from the same recipe as every other (the engine profile's argv, env and
+folders, identity middleware included), and then this process *becomes* the engine (exec), so a
+container's PID 1 chain is the engine itself: signals reach it directly and its exit is the
+container's exit. A gateway in attach mode (`grm-service serve --backend-url ...`) reads the
+identity the replica computes itself and runs the canary before routing to it.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import os
 from typing import NoReturn
 
 from grm_service.config import Settings
-from grm_service.engines import Engine, ReplicaSpec, select_engine
+from grm_service.engines import ChildCommand, Engine, ReplicaSpec, select_engine
 
 log = logging.getLogger(__name__)
 
@@ -26,24 +25,16 @@ def replica_spec(settings: Settings, engine: Engine) -> ReplicaSpec:
                        gpus=engine.gpu_set(0))
 
 
-def backend_command(
-    settings: Settings, base_env: dict[str, str]
-) -> tuple[list[str], dict[str, str]]:
-    """The argv and env of the replica, in the order the Supervisor layers them."""
+def backend_command(settings: Settings, base_env: dict[str, str]) -> ChildCommand:
+    """The replica's recipe, bound to the container's own interface (`--host`)."""
     engine = select_engine(settings)
-    spec = replica_spec(settings, engine)
-    # Profiles bind loopback (their replicas sit behind a local gateway); a container's replica
-    # must listen on its own interface. The engine's argparse keeps the last --host.
-    argv = [*engine.argv(spec), "--host", settings.host]
-    env = {**base_env, **engine.deterministic_env(), **settings.engine_env,
-           **engine.replica_env(spec)}
-    for sub in ("tmp", "vllm-cache"):
-        (spec.work_dir / sub).mkdir(parents=True, exist_ok=True)
-    return argv, env
+    command = engine.command(replica_spec(settings, engine), base_env, settings.host)
+    command.make_dirs()
+    return command
 
 
 def exec_backend(settings: Settings) -> NoReturn:
-    argv, env = backend_command(settings, dict(os.environ))
-    log.info("exec replica on %s:%d: %s", settings.host, settings.port, " ".join(argv))
+    command = backend_command(settings, dict(os.environ))
+    log.info("exec replica on %s:%d: %s", settings.host, settings.port, " ".join(command.argv))
     logging.shutdown()  # exec discards this process's buffers
-    os.execve(argv[0], argv, env)
+    os.execve(command.argv[0], command.argv, command.env)

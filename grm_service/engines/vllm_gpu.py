@@ -7,7 +7,8 @@ import sys
 from collections.abc import Mapping
 
 from grm_service import determinism, vllm_plugin
-from grm_service.engines.base import Capabilities, Engine, ReplicaSpec, gpu_facts
+from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
+from grm_service.host import gpu_facts
 
 
 def _sampling_invariant(version: str, env: Mapping[str, str]) -> bool:
@@ -26,18 +27,21 @@ class VllmGpu(Engine):
     name = "vllm"
     distribution = "vllm"
 
-    def capabilities(self) -> Capabilities:
-        env = {**os.environ, **self.settings.engine_env}
-        sampling = _sampling_invariant(self.version(), env)
+    def capabilities(
+        self, version: str | None = None, env: Mapping[str, str] | None = None
+    ) -> Capabilities:
+        if env is None:
+            env = {**os.environ, **self.settings.engine_env}
+        sampling = _sampling_invariant(version or self.version(), env)
         note = "VLLM_BATCH_INVARIANT=1: co-batched requests get the same bits"
         if not sampling:
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
         return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note)
 
-    def argv(self, spec: ReplicaSpec) -> list[str]:
+    def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         model = self.settings.model
         return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model,
-                "--host", "127.0.0.1", "--port", str(spec.port), *self.common_args()]
+                "--host", host, "--port", str(spec.port), *self.common_args()]
 
     def deterministic_env(self) -> dict[str, str]:
         return determinism.gpu_env(self.settings.seed)
@@ -56,8 +60,3 @@ class VllmGpu(Engine):
         tp = self.tensor_parallel_size()
         start = (index * tp) % len(gpus)
         return tuple(gpus[(start + k) % len(gpus)] for k in range(tp))
-
-    def device(self) -> str:
-        facts = gpu_facts()
-        names = sorted({f"{name} (driver {driver})" for name, driver in facts})
-        return ", ".join(names) or "no-gpu-visible"

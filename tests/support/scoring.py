@@ -26,9 +26,10 @@ def data_url(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> str:
 
 
 def fingerprint(body: dict[str, Any], payload: dict[str, Any], replica: str = "r0") -> Fingerprint:
-    return Fingerprint(fingerprint_id="grm-test", seed=42, model_hash="m", env_digest="e",
-                       engine="fake", engine_version="0", replica=replica, serialized=True,
-                       request_digest=json_digest(body), response_digest=json_digest(payload))
+    return Fingerprint(fingerprint_id="grm-test", identity="verified", seed=42, model_hash="m",
+                       env_digest="e", engine="fake", engine_version="0", device="cpu",
+                       replica=replica, serialized=True, request_digest=json_digest(body),
+                       response_digest=json_digest(payload))
 
 
 class FakeBackend:

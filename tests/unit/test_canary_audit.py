@@ -15,22 +15,23 @@ def canary(policy: NondeterminismPolicy) -> Canary:
     return Canary(Settings(model="m", on_nondeterminism=policy), Metrics())
 
 
-def test_canary_first_clean_replica_becomes_the_reference() -> None:
+def test_canary_first_clean_replica_becomes_the_reference_of_its_identity() -> None:
     c = canary(NondeterminismPolicy.FAIL)
-    assert c._apply(Replica("r0", "u"), c.judge(["a", "b"], ["a", "b"]), ["a", "b"]) is None
-    assert c.reference == ["a", "b"]
-    problem = c._apply(Replica("r1", "u"), c.judge(["a", "c"], ["a", "c"]), ["a", "c"])
+    assert c._apply(Replica("r0", "u"), c.judge(["a", "b"], ["a", "b"]), ["a", "b"], "X") is None
+    assert c.references == {"X": ["a", "b"]}
+    verdict = c.judge(["a", "c"], ["a", "c"], c.references["X"])
+    problem = c._apply(Replica("r1", "u"), verdict, ["a", "c"], "X")
     assert problem is not None and "differ from the first admitted replica" in problem
 
 
 def test_canary_batch_variance_fails_or_serializes() -> None:
     failing = canary(NondeterminismPolicy.FAIL)
     verdict = failing.judge(["a", "b"], ["a", "x"])
-    problem = failing._apply(Replica("r0", "u"), verdict, ["a", "b"])
+    problem = failing._apply(Replica("r0", "u"), verdict, ["a", "b"], "X")
     assert problem is not None and "co-batched" in problem
     serializing = canary(NondeterminismPolicy.SERIALIZE)
     replica = Replica("r0", "u")
-    assert serializing._apply(replica, serializing.judge(["a"], ["x"]), ["a"]) is None
+    assert serializing._apply(replica, serializing.judge(["a"], ["x"]), ["a"], "X") is None
     assert replica.serialized is True
     text = serializing.metrics.registry.get_sample_value(
         "grm_determinism_violations_total", {"source": "canary"})
@@ -38,9 +39,10 @@ def test_canary_batch_variance_fails_or_serializes() -> None:
 
 
 def fp(response_digest: str, replica: str) -> Fingerprint:
-    return Fingerprint(fingerprint_id="grm-1", seed=1, model_hash="m", env_digest="e",
-                       engine="vllm", engine_version="1", replica=replica, serialized=False,
-                       request_digest="q", response_digest=response_digest)
+    return Fingerprint(fingerprint_id="grm-1", identity="verified", seed=1, model_hash="m",
+                       env_digest="e", engine="vllm", engine_version="1", device="cpu",
+                       replica=replica, serialized=False, request_digest="q",
+                       response_digest=response_digest)
 
 
 async def test_audit_counts_matches_and_violations_and_rate_limits() -> None:

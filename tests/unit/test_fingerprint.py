@@ -7,7 +7,8 @@ import pytest
 
 from grm_service import fingerprint
 from grm_service.config import Settings
-from grm_service.engines import VllmCpu, VllmGpu
+from grm_service.engines import ReplicaSpec, VllmCpu, VllmGpu
+from grm_service.replica_identity import ReplicaIdentity, compute_identity
 
 
 def _model(tmp_path: Path) -> Path:
@@ -50,15 +51,34 @@ def test_hub_id_is_marked_as_name_only() -> None:
     assert fingerprint.model_hash("org/not-a-local-folder").startswith("name:")
 
 
-def _digest(**overrides: object) -> str:
+def _identity(host: str = "127.0.0.1", index: int = 0, **overrides: object) -> ReplicaIdentity:
+    """What a replica started from the GPU profile's recipe would report about itself."""
     settings = Settings(model="m", **overrides)  # type: ignore[arg-type]
-    return fingerprint.env_digest(VllmGpu(settings).env_inputs())
+    engine = VllmGpu(settings)
+    spec = ReplicaSpec(name=f"r{index}", index=index, port=8000 + index,
+                       work_dir=settings.work_dir / f"r{index}", gpus=(index,))
+    command = engine.command(spec, {"PATH": "/bin", "HOSTNAME": f"node{index}"}, host)
+    return compute_identity(command.argv, command.env)
+
+
+def _digest(**overrides: object) -> str:
+    digest = _identity(**overrides).env_digest
+    assert digest is not None
+    return digest
 
 
 def test_env_digest_ignores_placement() -> None:
     base = _digest()
     assert _digest(replicas=4, port=9999, host="0.0.0.0") == base
     assert _digest(work_dir=Path("/elsewhere")) == base
+    assert _digest(index=1, host="10.0.0.2") == base  # other GPU, port, host and node name
+
+
+def test_env_digest_leaves_secrets_and_unknown_variables_out() -> None:
+    base = _identity()
+    other = _identity(engine_env={"HF_TOKEN": "hf_secret", "SOME_CACHE": "/x"})
+    assert other.env_digest == base.env_digest
+    assert "hf_secret" not in other.model_dump_json()
 
 
 @pytest.mark.parametrize(
@@ -81,8 +101,7 @@ def test_env_digest_changes_with_numerics(overrides: dict[str, object]) -> None:
 
 
 def test_cpu_profile_never_sets_batch_invariance() -> None:
-    inputs = VllmCpu(Settings(model="m")).env_inputs()
-    assert "VLLM_BATCH_INVARIANT" not in inputs["env"]
+    assert "VLLM_BATCH_INVARIANT" not in VllmCpu(Settings(model="m")).deterministic_env()
     assert VllmCpu(Settings(model="m")).capabilities().batch_invariant is False
 
 

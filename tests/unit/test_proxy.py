@@ -116,17 +116,14 @@ async def test_route_skips_open_breakers_unless_all_are_open() -> None:
 
     import aiohttp
 
-    from grm_service.fingerprint import Identity
     from grm_service.metrics import Metrics
     from grm_service.proxy import Gateway, route
     from grm_service.replicas import Replica, ReplicaPool, ReplicaState
 
     pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
-    ident = Identity(fingerprint_id="f", seed=1, model="m", model_hash="h", env_digest="e",
-                     engine="vllm", engine_version="1", serialized=False, env_inputs={})
     async with aiohttp.ClientSession() as client:
-        gw = Gateway(settings=SETTINGS, identity=ident, capabilities=BI, pool=pool,
-                     client=client, metrics=Metrics())
+        gw = Gateway(settings=SETTINGS, capabilities=BI, pool=pool, client=client,
+                     metrics=Metrics())
         pool.replicas[0].open_until = time.monotonic() + 60
         assert [r.name for r in route(gw, 123)] == ["r1"]
         assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
