@@ -145,11 +145,15 @@ class Keeper:
 
     async def _cycle(self, source: ReplicaSource, replica: Replica) -> None:
         """One life: start, check, serve until down. Returns when the replica must be retried."""
-        self._set(replica, ReplicaState.STARTING)
+        # A replica started elsewhere that is being re-probed keeps showing why it is out.
+        quiet = not source.owns_process and replica.start_failures > 0
+        if not quiet:
+            self._set(replica, ReplicaState.STARTING)
         try:
             replica.url = await source.start()
             replica.pid = source.pid
-            self._set(replica, ReplicaState.CHECKING)
+            if not quiet:
+                self._set(replica, ReplicaState.CHECKING)
             await self._until_healthy(source, replica)
         except StartFailed as err:
             self._start_failed(replica, str(err))

@@ -2,8 +2,9 @@
 
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
 bytes (so routing and fingerprint code see distinct, repeatable outputs), and can inject faults:
-a fixed delay, or 500s. Start: `python -m grm_service.testing.stub_openai --port 0`; it prints
-`PORT <n>` on stdout once listening.
+a fixed delay, 500s, or garbage (`--garbage html|json|hang`: every route answers a 200 HTML page,
+a 200 of broken JSON, or never answers). Start: `python -m grm_service.testing.stub_openai
+--port 0`; it prints `PORT <n>` on stdout once listening.
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ def _completion(body: dict[str, Any], raw: bytes) -> dict[str, Any]:
                      "message": {"role": "assistant", "content": text}}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
+
+
+GARBAGE = {"html": (b"<html><body>It works!</body></html>", "text/html"),
+           "json": (b'{"object": "list", "data": [', "application/json")}
+
+
+def garbage_app(kind: str) -> Starlette:
+    async def answer(_: Request) -> Response:
+        if kind == "hang":
+            await asyncio.sleep(3600)
+        body, media = GARBAGE[kind]
+        return Response(body, media_type=media)
+
+    return Starlette(routes=[Route("/{path:path}", answer, methods=["GET", "POST"])])
 
 
 def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
@@ -70,6 +85,7 @@ def main() -> None:
     parser.add_argument("--fail", action="store_true")
     parser.add_argument("--served-model-name", default="rm")
     parser.add_argument("--version", default="stub", help="What /version reports.")
+    parser.add_argument("--garbage", choices=["html", "json", "hang"], default=None)
     args = parser.parse_args()
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle).
@@ -78,7 +94,8 @@ def main() -> None:
     sock.bind(("127.0.0.1", args.port))
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
-    stub = build_app(args.delay, args.fail, args.served_model_name, args.version)
+    stub = (garbage_app(args.garbage) if args.garbage
+            else build_app(args.delay, args.fail, args.served_model_name, args.version))
     config = uvicorn.Config(stub, log_level="warning")
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 

@@ -52,7 +52,9 @@ def test_fingerprint_in_body_and_headers(gateway: Proc) -> None:
     assert fp["response_digest"] == r.headers["x-grm-response-digest"]
     service = httpx.get(gateway.url + "/v1/fingerprint").json()
     assert service["fingerprint_id"] == fp["fingerprint_id"]
-    assert service["env_inputs"]["launcher"] == "attach"
+    # STUB backends serve no /grm/identity: a plain server, served unverified, nothing made up.
+    assert service["identity"] == fp["identity"] == "unverified"
+    assert service["model_hash"] is None and "model_hash" in service["unknown"]
 
 
 def test_seed_injected_and_client_seed_kept(gateway: Proc) -> None:
