@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 NONDETERMINISM = "same fingerprint, different output: nondeterminism"
+UNPROVEN = ("same unverified fingerprint, different output: nondeterminism, or a difference the "
+            "replicas could not prove (model, environment, device)")
 _CAUSES = (
+    ("identity", "one side's replicas proved their identity, the other's did not"),
     ("seed", "seed differs"),
     ("model_hash", "model hash differs (different weights, tokenizer or config)"),
     ("engine_version", "engine version differs"),
+    ("device", "device differs"),
     ("env_digest", "env digest differs"),
     ("request_digest", "request differs (prompt, image or sampling)"),
 )
@@ -83,6 +87,8 @@ def explain(a: dict[str, Any], b: dict[str, Any],
                 cause += " (pass --identity-a/--identity-b from GET /v1/fingerprint to see which "\
                          "input)"
             return ItemDiff(str(a["id"]), cause, f"{detail}; {fa.get(key)} vs {fb.get(key)}")
+    if fa.get("identity") == "unverified":
+        return ItemDiff(str(a["id"]), UNPROVEN, detail)
     return ItemDiff(str(a["id"]), NONDETERMINISM, detail)
 
 

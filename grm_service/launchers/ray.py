@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 _STRATEGY = {RayPlacement.SPREAD: "SPREAD", RayPlacement.PACK: "PACK"}
 _STOP_SLACK_S = 10.0
+_ASK_TIMEOUT_S = 5.0
 
 RemoteReplica = ray.remote(ReplicaProcess)
 
@@ -124,7 +125,9 @@ class RaySource(ReplicaSource):
         if self._actor is None:
             return "not running"
         try:
-            alive = bool(await self._actor.alive.remote())
+            alive = bool(await asyncio.wait_for(self._actor.alive.remote(), _ASK_TIMEOUT_S))
+        except TimeoutError:
+            return None  # a node being lost answers late: the health probe decides meanwhile
         except ray.exceptions.RayError as err:  # the actor or its node is gone
             return f"actor lost ({type(err).__name__})"
         if alive:

