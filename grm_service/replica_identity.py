@@ -76,8 +76,9 @@ class ReplicaIdentity(BaseModel):
 
     def differences(self, other: ReplicaIdentity) -> list[str]:
         """Each part that differs, named as a user would look for it."""
+        if self.verified != other.verified:  # nothing else is comparable then
+            return [f"identity {_kind(self)!r} != {_kind(other)!r}"]
         diffs = [f"{name} {mine!r} != {theirs!r}" for name, mine, theirs in (
-            ("identity", _kind(self), _kind(other)),
             ("model hash", self.model_hash, other.model_hash),
             ("engine", self.engine, other.engine),
             ("engine version", self.engine_version, other.engine_version),
@@ -205,7 +206,7 @@ def unverified_identity(
 ) -> ReplicaIdentity:
     """A plain vLLM server: only what `/v1/models` and `/version` say."""
     return ReplicaIdentity(
-        verified=False, served_model=served_model, engine="vllm", engine_version=engine_version,
+        verified=False, served_model=served_model, engine="unknown", engine_version=engine_version,
         model_hash=None, env_digest=None, device=None, tensor_parallel_size=None,
         env_inputs={"served_model": served_model, "model_root": model_root,
                     "max_model_len": max_model_len},
