@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -129,6 +130,20 @@ def test_fingerprint_describes_the_service(two: Proc) -> None:
     assert ident["env_inputs"]["numerics"]["dtype"] == "float32"
     assert "VLLM_BATCH_INVARIANT" not in ident["env_inputs"]["env"]
     assert ident["model_hash"].startswith("blake3:")
+    assert ident["identity"] == "verified" and ident["unknown"] == []
+    assert set(ident["replicas"].values()) == {ident["fingerprint_id"]}
+
+
+def test_fingerprint_command_predicts_the_served_id(two: Proc, tiny_text_model: Path) -> None:
+    """What the replicas computed on themselves equals what the CLI computes from the recipe."""
+    argv = engine_args(tiny_text_model)
+    done = subprocess.run([sys.executable, "-m", "grm_service.cli", "fingerprint", *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    predicted = json.loads(done.stdout)
+    served = httpx.get(two.url + "/v1/fingerprint").json()
+    assert predicted["fingerprint_id"] == served["fingerprint_id"]
+    assert predicted["env_inputs"] == served["env_inputs"]
 
 
 def test_verify_all_rows_complete_on_a_clean_service(two: Proc) -> None:

@@ -195,28 +195,56 @@ def cluster_nodes(address: str, env: dict[str, str]) -> int:
     return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
 
 
-@pytest.fixture(scope="module")
-def second_node(tmp: Path, head: tuple[str, dict[str, str]],
-                attach_outputs: list[dict[str, Any]]) -> Iterator[subprocess.Popen[bytes]]:
-    """A second raylet (its own resources and object store) joining the head, in its own group."""
-    address, env = head
+def ray_start(tmp: Path, name: str, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    argv = [ray_cli, "start", "--address", address, "--block", "--node-ip-address", "127.0.0.1",
-            "--num-cpus", "1", "--object-store-memory", str(200 << 20),
-            "--disable-usage-stats"]
-    with (tmp / "node2.log").open("wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env={**os.environ, **env})
+    with (tmp / f"{name}.log").open("wb") as out:
+        return subprocess.Popen([ray_cli, "start", "--block", "--disable-usage-stats", *args],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **env})
+
+
+def kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, sig)
     try:
+        popen.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(10)
+
+
+@dataclass
+class TwoNodes:
+    address: str
+    env: dict[str, str]
+    second: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp: Path) -> Iterator[TwoNodes]:
+    """A head (2 CPUs) and a second raylet (1 CPU, its own object store), each in its own process
+    group. A multi-node cluster advertises the host's address, not loopback (Ray refuses to join
+    nodes in its loopback-only mode). Used by the last test only, once the single-replica runs
+    above have stopped their engines."""
+    env = {**ray_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    port = free_port()
+    head = ray_start(tmp, "head2", env, "--head", "--port", str(port), "--num-cpus", "2",
+                     "--include-dashboard=false", "--temp-dir", str(tmp / "r2"))
+    second = None
+    try:
+        wait_port(port, 60)
+        address = f"127.0.0.1:{port}"
+        second = ray_start(tmp, "node2", env, "--address", address, "--num-cpus", "1",
+                           "--object-store-memory", str(200 << 20))
         deadline = time.monotonic() + 120
         while cluster_nodes(address, env) < 2:
             assert time.monotonic() < deadline, (tmp / "node2.log").read_text()
             time.sleep(2)
-        yield popen
+        yield TwoNodes(address, env, second)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait(30)
+        if second is not None:
+            kill_group(second)
+        kill_group(head)
 
 
 def replicas_ready(gw: Proc) -> dict[str, Any]:
@@ -225,9 +253,9 @@ def replicas_ready(gw: Proc) -> dict[str, Any]:
 
 
 def test_two_nodes_spread_node_loss_failover_and_replacement(
-    tmp: Path, head: tuple[str, dict[str, str]], second_node: subprocess.Popen[bytes]
+    tmp: Path, two_nodes: TwoNodes
 ) -> None:
-    address, env = head
+    address, env, second_node = two_nodes.address, two_nodes.env, two_nodes.second
     model = ensure_tiny_model("text")
     args = [*service_args(model, 2)[:-2], "--launcher", "ray", "--ray-address", address,
             "--ray-placement", "spread", *service_args(model)[-2:]]
