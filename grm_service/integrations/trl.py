@@ -109,15 +109,17 @@ def grm_reward(
     headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
     name: str | None = None,
 ) -> RewardFn:
-    """A synchronous TRL reward function; one HTTP client for all its calls."""
+    """A synchronous TRL reward function."""
     job = Job(scorer, reference_key, image_key, dict(options or {}), dict(sampling or {}))
     where = endpoint(url, api_key, headers, batch_size, concurrency)
-    client = where.client()
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any],
                **columns: Any) -> list[float | None]:
         items = to_items(prompts, completions, columns, job)
-        results = client.score(items, job.scorer, sampling=job.sampling, options=job.options)
+        # A client per call, closed after it: one call is a whole generation batch.
+        with where.client() as client:
+            results = client.score(items, job.scorer, sampling=job.sampling,
+                                   options=job.options)
         return rewards(results, reward.__name__)
 
     reward.__name__ = reward.__qualname__ = name or f"grm_{scorer}"

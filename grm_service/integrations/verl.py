@@ -49,6 +49,13 @@ def _async_client(where: Endpoint) -> AsyncGrmClient:
     return per_loop[where]
 
 
+async def close_clients() -> None:
+    """Close the clients this event loop's calls share (verl itself never needs to: they live
+    as long as its reward workers)."""
+    for client in _ASYNC_CLIENTS.pop(asyncio.get_running_loop(), {}).values():
+        await client.aclose()
+
+
 def to_item(
     index: int, data_source: str, solution_str: str, ground_truth: Any,
     extra_info: Mapping[str, Any] | None,
