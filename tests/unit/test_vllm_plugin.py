@@ -301,6 +301,7 @@ def test_plain_vllm_process_leaves_the_plugin_idle() -> None:
 
 
 def test_every_engine_profile_marks_its_replicas(tmp_path: Path) -> None:
+    from grm_service import determinism
     from grm_service.config import Settings
     from grm_service.engines.base import ReplicaSpec
     from grm_service.engines.vllm_cpu import VllmCpu
@@ -309,5 +310,6 @@ def test_every_engine_profile_marks_its_replicas(tmp_path: Path) -> None:
     settings = Settings(model="m")
     spec = ReplicaSpec(name="r0", index=0, port=1, work_dir=tmp_path)
     for engine in (VllmCpu(settings), VllmGpu(settings)):
-        assert engine.replica_env(spec)[plugin.REPLICA_ENV] == "1"
-        assert plugin.REPLICA_ENV not in str(engine.env_inputs())  # not an env-digest input
+        child_env = engine.command(spec, {}).env  # the one child recipe every launcher uses
+        assert child_env[plugin.REPLICA_ENV] == "1"
+        assert plugin.REPLICA_ENV not in determinism.numerics_env(child_env)  # not digested
