@@ -28,7 +28,8 @@ async def openrlhf_reward(
     req: RewardRequest, gw: GatewayDep,
     scorer: Annotated[str, Query(description="Registered scorer to use.")] = "judge",
     error_reward: Annotated[
-        float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).")
+        float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).",
+                     allow_inf_nan=False)
     ] = DEFAULT_ERROR_REWARD,
     special_tokens: Annotated[str, Query(
         description="Stripped from query and prompts: auto (common chat-template tokens), "

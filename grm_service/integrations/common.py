@@ -107,7 +107,6 @@ def reward_or(result: ItemResult, error_score: float | None) -> float:
     if result.status == "ok" and result.score is not None:
         return result.score
     if error_score is None:
-        raise ScoringError(f"item {result.id} failed: {result.error} (set the adapter's error "
-                           "reward — verl error_score=, OpenRLHF ?error_reward= — to use a "
-                           "fixed reward for failed items instead)")
+        raise ScoringError(f"item {result.id} failed: {result.error} (set verl's error_score= "
+                           "to use a fixed reward for failed items instead)")
     return error_score

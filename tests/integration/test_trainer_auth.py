@@ -167,3 +167,11 @@ def test_openai_sdk_reads_the_validation_error(gateway: Proc) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="wrong", max_retries=0).post(
             "/score", body={}, cast_to=object)
+
+
+def test_openrlhf_refuses_a_non_finite_error_reward(gateway: Proc) -> None:
+    body = {"query": ["FAIL x"], "prompts": ["FAIL "], "labels": ["4"]}
+    url = gateway.url + "/openrlhf/reward?scorer=trainer&error_reward=nan"
+    refused = httpx.post(url, json=body, headers={"authorization": f"Bearer {KEY}"})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["param"] == "query.error_reward"
