@@ -39,7 +39,7 @@ def overrides(gateway: Proc, policy: Path) -> list[str]:
         f"actor_rollout_ref.model.path={policy}",
         f"{prefix}.path={adapter.__file__}",
         f"{prefix}.name=compute_score",
-        f"+{prefix}.reward_kwargs.url='{gateway.url}'",
+        f"+{prefix}.reward_kwargs.url={gateway.url}",
         f"+{prefix}.reward_kwargs.scorer=trainer",
         f"+{prefix}.reward_kwargs.api_key={KEY}",
         f"+{prefix}.reward_kwargs.error_score=-1.0",
