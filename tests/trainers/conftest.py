@@ -18,7 +18,8 @@ from grm_service.tiny_models import ensure_tiny_model
 from tests.support.procs import Proc, gateway_on_stubs
 
 TRAINERS = ("trl", "verl", "openrlhf")
-if not all(importlib.util.find_spec(name) for name in TRAINERS):
+PRESENT = all(importlib.util.find_spec(name) for name in TRAINERS)
+if not PRESENT:
     collect_ignore_glob = ["test_*.py"]
 
 # The trainers' own warnings (the suite turns warnings into errors), each by its text.
@@ -28,7 +29,7 @@ THEIR_WARNINGS = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in THEIR_WARNINGS:
+    for line in THEIR_WARNINGS if PRESENT else ():
         config.addinivalue_line("filterwarnings", line)
 
 
