@@ -6,7 +6,8 @@
 
 429/502/503/504 and connection errors are retried with exponential backoff (honouring
 Retry-After); any other refusal raises `RequestRejected` at once. Item errors are not exceptions:
-they come back as results with `status == "error"`.
+they come back as results with `status == "error"`. A service started with `GRM_API_KEYS` wants
+`api_key=...` (sent as `Authorization: Bearer <key>`); `headers` adds any others (a proxy's).
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
+def auth_headers(
+    api_key: str | None, headers: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Headers of every request: the extra ones, then the bearer key (which wins)."""
+    out = dict(headers or {})
+    if api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    return out
+
+
 def as_items(items: Iterable[ItemLike]) -> list[ScoreItem]:
     return [i if isinstance(i, ScoreItem) else ScoreItem.model_validate(i) for i in items]
 
@@ -99,11 +110,13 @@ class GrmClient:
     def __init__(
         self, url: str, *, batch_size: int = 32, concurrency: int = 4, timeout: float = 900.0,
         retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None, headers: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.concurrency = batch_size, concurrency
         self.retry = retry or RetryPolicy()
-        self._http = httpx.Client(timeout=timeout, transport=transport)
+        self._http = httpx.Client(timeout=timeout, transport=transport,
+                                  headers=auth_headers(api_key, headers))
 
     def __enter__(self) -> GrmClient:
         return self
@@ -148,11 +161,13 @@ class AsyncGrmClient:
     def __init__(
         self, url: str, *, batch_size: int = 32, concurrency: int = 4, timeout: float = 900.0,
         retry: RetryPolicy | None = None, transport: httpx.AsyncBaseTransport | None = None,
+        api_key: str | None = None, headers: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.concurrency = batch_size, concurrency
         self.retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport,
+                                       headers=auth_headers(api_key, headers))
 
     async def __aenter__(self) -> AsyncGrmClient:
         return self

@@ -46,4 +46,8 @@ class Metrics:
             "grm_replica_serialized", "1 when the replica runs one request at a time.",
             ["replica"], registry=r,
         )
+        self.score_items = Counter(
+            "grm_score_items", "Scored items, by scorer and status (ok or error): a batch "
+            "answered 200 can still hold failed items.", ["scorer", "status"], registry=r,
+        )
         self.info = Info("grm_service", "Service identity.", registry=r)

@@ -17,6 +17,11 @@ What each known release needs, read from its source (``vllm/v1/sample/ops/topk_t
 An unknown release with batch invariance on stops vLLM's start-up with :class:`PluginError`;
 ``GRM_VLLM_PLUGIN=force`` patches anyway, ``GRM_VLLM_PLUGIN=off`` runs without the plugin.
 
+The plugin acts only in replicas grm-service started: their engine profile sets
+``GRM_SERVICE_REPLICA=1`` in the child's environment. Installing grm-service next to a trainer (for
+its reward adapters) registers the entry point for the trainer's own rollout engines too; there,
+whatever the vLLM version or environment, the plugin does nothing and says nothing.
+
 vLLM loads this module in every process it starts (API server, engine core, TP workers), so it
 must import nothing but the standard library at module level.
 """
@@ -41,6 +46,8 @@ PLUGIN_NAME = "grm_service"  # the entry-point name; VLLM_PLUGINS must list it w
 SWITCH_ENV = "GRM_VLLM_PLUGIN"
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 PLUGINS_ENV = "VLLM_PLUGINS"
+# Set to "1" by grm-service's engine profiles in each replica's environment, and nowhere else.
+REPLICA_ENV = "GRM_SERVICE_REPLICA"
 
 SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 FUNCTION = "apply_top_k_top_p"
@@ -96,6 +103,8 @@ def decide(
     is_cuda: Callable[[], bool],
 ) -> Decision:
     """Say what the plugin does; the callables run only when needed (they import vLLM)."""
+    if not is_replica(env):
+        return Decision(Action.SKIP, f"not a grm-service replica ({REPLICA_ENV} unset)")
     mode = _mode(env)
     if mode is Mode.OFF:
         return Decision(Action.SKIP, f"disabled by {SWITCH_ENV}=off")
@@ -125,6 +134,11 @@ def _decide_for_version(version: str, mode: Mode) -> Decision:
         f"then set {SWITCH_ENV}=force to patch it anyway or {SWITCH_ENV}=off to run without "
         "the patch."
     )
+
+
+def is_replica(env: Mapping[str, str]) -> bool:
+    """Whether this process is a replica grm-service started (the engine profile's marker)."""
+    return env.get(REPLICA_ENV) == "1"
 
 
 def _mode(env: Mapping[str, str]) -> Mode:
@@ -233,6 +247,8 @@ def platform_is_cuda() -> bool:
 
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM calls it once in each of its processes."""
+    if not is_replica(os.environ):
+        return  # someone else's vLLM (a trainer's rollout engine): leave it exactly as it is
     decision = decide(os.environ, installed_vllm_version, platform_is_cuda)
     if decision.action is Action.SKIP:
         logger.info("grm_service vLLM plugin idle (pid %d): %s", os.getpid(), decision.reason)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from grm_service import __version__
@@ -116,10 +117,29 @@ async def _grm_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
 
 
+def validation_body(exc: RequestValidationError) -> dict[str, object]:
+    """FastAPI's `{"detail": [...]}` as OpenAI's error object, so SDK users read which field is
+    wrong and how (an OpenAI client shows `error.message`, not FastAPI's detail)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    return {"error": {"message": "; ".join(problems) or "invalid request",
+                      "type": "invalid_request_error", "param": param, "code": 422}}
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(validation_body(exc), status_code=422)
+
+
 def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
     app = FastAPI(title="grm-service", version=__version__,
                   lifespan=_lifespan(settings, on_fatal))
     app.add_exception_handler(GrmError, _grm_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(Guards, settings=settings)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_admin.router)

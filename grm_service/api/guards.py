@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 
@@ -22,6 +24,22 @@ async def _refuse(send: Send, status: int, message: str, headers: Headers) -> No
     await send({"type": "http.response.body", "body": body})
 
 
+def presented_key(header: bytes) -> bytes | None:
+    """The key in `Bearer <key>`, or the password of `Basic` credentials: clients that send no
+    headers of their own (OpenRLHF) can carry the key in the URL, `http://user:<key>@host/`,
+    which aiohttp and httpx send as Basic."""
+    scheme, _, value = header.partition(b" ")
+    if scheme.lower() == b"bearer":
+        return value.strip()
+    if scheme.lower() == b"basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True)
+        except binascii.Error:
+            return None
+        return decoded.partition(b":")[2]
+    return None
+
+
 class Guards:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -32,12 +50,11 @@ class Guards:
     def _authorized(self, scope: Scope) -> bool:
         if not self.keys or scope["path"] in self.open_paths:
             return True
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
+        token = presented_key(dict(scope["headers"]).get(b"authorization", b""))
+        if token is None:
             return False
         # Compare against every key, always: the time taken must not tell which one matched.
-        matches = [hmac.compare_digest(token.strip(), key) for key in self.keys]
+        matches = [hmac.compare_digest(token, key) for key in self.keys]
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,7 +63,8 @@ class Guards:
             return
         if not self._authorized(scope):
             await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
-                          "<key>'", [(b"www-authenticate", b"Bearer")])
+                          "<key>' (or the key as the URL's password)",
+                          [(b"www-authenticate", b"Bearer")])
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:

@@ -22,8 +22,13 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 
 async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
     scorer = lookup(req.scorer, tuple(gw.settings.scorers))
-    return await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
-                             gw.identity.fingerprint_id)
+    answer = await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
+                               gw.identity.fingerprint_id)
+    failed = answer.fingerprint.errors
+    count = gw.metrics.score_items.labels
+    count(req.scorer, "ok").inc(len(answer.results) - failed)
+    count(req.scorer, "error").inc(failed)
+    return answer
 
 
 @router.post("/v1/score")

@@ -37,6 +37,7 @@ class Job:
     options: dict[str, Any]
     batch_size: int
     concurrency: int
+    api_key: str | None = None
 
 
 def local_error(entry: Entry, message: str) -> ItemResult:
@@ -72,7 +73,7 @@ async def run(url: str, todo: list[Entry], job: Job, writer: ResultWriter,
     task = progress.add_task("scoring", total=len(todo))
     gate = asyncio.Semaphore(job.concurrency)
     chunks = [todo[i : i + job.batch_size] for i in range(0, len(todo), job.batch_size)]
-    async with AsyncGrmClient(url, batch_size=job.batch_size) as client:
+    async with AsyncGrmClient(url, batch_size=job.batch_size, api_key=job.api_key) as client:
 
         async def one(index: int, batch: list[Entry]) -> None:
             async with gate:
@@ -113,12 +114,23 @@ async def _until_interrupted(work: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
-def summary(path: Path, fmt: str) -> str:
+@dataclass(frozen=True)
+class Summary:
+    items: int
+    errors: int
+    mean: float | None
+
+    def line(self, path: Path) -> str:
+        mean = "n/a" if self.mean is None else f"{self.mean:.4f}"
+        return f"{self.items} items, mean score {mean}, {self.errors} errors -> {path}"
+
+
+def summary(path: Path, fmt: str) -> Summary:
+    """Counts over the whole output file (with --resume, earlier runs' rows too)."""
     rows = read_rows(path, "csv" if fmt == "csv" else "jsonl")
     scores = [float(r["score"]) for r in rows if r["status"] == "ok"]
     errors = sum(r["status"] == "error" for r in rows)
-    mean = f"{statistics.fmean(scores):.4f}" if scores else "n/a"
-    return f"{len(rows)} items, mean score {mean}, {errors} errors -> {path}"
+    return Summary(len(rows), errors, statistics.fmean(scores) if scores else None)
 
 
 def _json_option(value: str | None, name: str) -> dict[str, Any]:
@@ -149,10 +161,14 @@ def score_command(
     batch_size: Annotated[int, typer.Option(min=1, help="Items per request.")] = 8,
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight.")] = 4,
     resume: Annotated[bool, typer.Option(help="Skip ids already in --output.")] = False,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="GRM_API_KEY", help="Key of a service started with GRM_API_KEYS.")] = None,
+    allow_errors: Annotated[bool, typer.Option(
+        help="Exit 0 even when some items failed (they stay error rows).")] = False,
 ) -> None:
     """Score images (or a manifest) and write one result per item as they complete.
 
-    Engine args for --serve go after `--`.
+    Exits 1 when any item failed (unless --allow-errors). Engine args for --serve go after `--`.
     """
     if bool(url) == serve:
         raise typer.BadParameter("give exactly one of --url and --serve")
@@ -164,20 +180,20 @@ def score_command(
     except (ManifestError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
     job = Job(scorer, _json_option(sampling, "--sampling"), _json_option(options, "--options"),
-              batch_size, concurrency)
+              batch_size, concurrency, api_key)
     if url:
-        raise typer.Exit(execute(url, entries, job, output, fmt, resume))
+        raise typer.Exit(execute(url, entries, job, output, fmt, resume, allow_errors))
     with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
         spec = ServeSpec(model=str(model), work_dir=Path(work), replicas=replicas, engine=engine,
                          dtype=dtype, max_model_len=max_model_len,
                          engine_args=tuple(ctx.args))
         with local_service(spec) as started:
-            code = execute(started, entries, job, output, fmt, resume)
+            code = execute(started, entries, job, output, fmt, resume, allow_errors)
     raise typer.Exit(code)
 
 
 def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,
-            resume: bool) -> int:
+            resume: bool, allow_errors: bool = False) -> int:
     writer = ResultWriter(output, "csv" if fmt == "csv" else "jsonl", resume)
     todo = [e for e in entries if e.id not in writer.done]
     if resume:
@@ -195,5 +211,10 @@ def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,
         return 1
     finally:
         writer.close()
-    console.print(summary(output, fmt))
+    done = summary(output, fmt)
+    console.print(done.line(output))
+    if done.errors and not allow_errors:
+        console.print(f"[red]{done.errors} of {done.items} items failed[/red] (their rows say "
+                      "why); --allow-errors to exit 0 anyway")
+        return 1
     return 0

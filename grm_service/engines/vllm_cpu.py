@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from grm_service import compat, determinism
+from grm_service import compat, determinism, vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 
@@ -49,4 +49,5 @@ class VllmCpu(Engine):
             "TMPDIR": str(spec.tmp_dir),
             "VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"),
             "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+            vllm_plugin.REPLICA_ENV: "1",  # the plugin acts only where this is set
         }

@@ -1,15 +1,20 @@
-"""What the adapters share: the service URL, text out of chat messages, images to data URLs."""
+"""What the adapters share: where the service is and its key, text out of chat messages, images
+to data URLs, references out of trainers' ground truths."""
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from grm_service.client import AsyncGrmClient, GrmClient
 from grm_service.scoring.images import encode_bytes
 from grm_service.scoring.models import ItemResult
 
 URL_ENV = "GRM_SERVICE_URL"
+KEY_ENV = "GRM_API_KEY"
 
 
 class ScoringError(RuntimeError):
@@ -21,6 +26,34 @@ def service_url(url: str | None) -> str:
     if not found:
         raise ScoringError(f"no grm-service URL: pass url=... or set {URL_ENV}")
     return found
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A service and how to reach it: URL, API key (bearer), extra headers, batching."""
+
+    url: str
+    api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = field(default=())
+    batch_size: int = 32
+    concurrency: int = 4
+
+    def client(self) -> GrmClient:
+        return GrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
+                         batch_size=self.batch_size, concurrency=self.concurrency)
+
+    def async_client(self) -> AsyncGrmClient:
+        return AsyncGrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
+                              batch_size=self.batch_size, concurrency=self.concurrency)
+
+
+def endpoint(
+    url: str | None = None, api_key: str | None = None,
+    headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+) -> Endpoint:
+    """The endpoint from arguments, falling back to GRM_SERVICE_URL and GRM_API_KEY."""
+    return Endpoint(service_url(url), api_key or os.environ.get(KEY_ENV) or None,
+                    tuple(sorted((headers or {}).items())), batch_size, concurrency)
 
 
 def text_of(value: Any) -> str:
@@ -36,6 +69,20 @@ def text_of(value: Any) -> str:
     if isinstance(value, list):  # content parts: keep the text ones
         return "".join(p.get("text", "") for p in value if isinstance(p, dict))
     return str(value)
+
+
+def references(value: Any) -> list[str]:
+    """Every acceptable answer in a ground truth: a string, a number, a list or a numpy array
+    (verl's parquet loader gives arrays; `str()` of one is "['4' 'four']", never an answer)."""
+    if value is None:
+        return []
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        value = value.tolist()  # numpy array or scalar, torch tensor
+    if isinstance(value, list | tuple):
+        return [text for v in value for text in references(v)]
+    if isinstance(value, bytes):
+        return [value.decode()]
+    return [str(value)]
 
 
 def image_of(value: Any) -> str | list[str] | None:
@@ -60,7 +107,6 @@ def reward_or(result: ItemResult, error_score: float | None) -> float:
     if result.status == "ok" and result.score is not None:
         return result.score
     if error_score is None:
-        raise ScoringError(f"item {result.id} failed: {result.error} (set the adapter's error "
-                           "reward — verl error_score=, OpenRLHF ?error_reward= — to use a "
-                           "fixed reward for failed items instead)")
+        raise ScoringError(f"item {result.id} failed: {result.error} (set verl's error_score= "
+                           "to use a fixed reward for failed items instead)")
     return error_score

@@ -1,18 +1,34 @@
-"""OpenRLHF's remote reward protocol (`--remote_rm_url`, `--reward.remote_url`).
+"""OpenRLHF's remote reward protocol (`--reward.remote_url`, formerly `--remote_rm_url`).
 
 OpenRLHF POSTs `{"query": [...], "prompts": [...], "labels": [...]}`, where each query is the
-prompt followed by the policy's response, and reads `{"rewards", "scores", "extra_logs"}`.
+prompt followed by the policy's response, decoded with the chat template's special tokens kept
+(`<|im_end|>` and the like), and reads `{"rewards", "scores", "extra_logs"}`. Every value in
+`extra_logs` must be one number per sample: OpenRLHF turns each into a tensor for its metrics.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grm_service.integrations.common import reward_or
+from grm_service.integrations.common import references
 from grm_service.scoring.models import ItemResult, ScoreItem
+
+# The reward of a failed item when the URL does not say (`?error_reward=`); `extra_logs.grm_error`
+# marks those samples, so they can be told apart from real zeros.
+DEFAULT_ERROR_REWARD = 0.0
+
+# Special tokens of the common chat templates: `<|...|>` (ChatML/Qwen, Llama 3, Phi, GPT-OSS...)
+# and the SentencePiece/Gemma ones. `?special_tokens=keep` turns stripping off; a comma-separated
+# list strips exactly those strings instead.
+AUTO = "auto"
+KEEP = "keep"
+_AUTO_PATTERN = re.compile(
+    r"<\|[^|<>\s]{1,64}\|>|</?s>|<(?:bos|eos|pad|unk)>|<(?:start|end)_of_turn>"
+)
 
 
 class RewardRequest(BaseModel):
@@ -23,6 +39,23 @@ class RewardRequest(BaseModel):
     labels: list[Any] | None = None
 
 
+def token_pattern(special_tokens: str) -> re.Pattern[str] | None:
+    """What `?special_tokens=` strips: auto (the common templates' tokens), keep, or a list."""
+    value = special_tokens.strip()
+    if value == AUTO:
+        return _AUTO_PATTERN
+    if value == KEEP:
+        return None
+    tokens = sorted({t for t in value.split(",") if t}, key=len, reverse=True)
+    if not tokens:
+        raise ValueError("special_tokens must be 'auto', 'keep' or a comma-separated list")
+    return re.compile("|".join(map(re.escape, tokens)))
+
+
+def clean(text: str, pattern: re.Pattern[str] | None) -> str:
+    return text if pattern is None else pattern.sub("", text).strip()
+
+
 def completion_of(query: str, prompt: str | None) -> str:
     """The response part of a query (OpenRLHF sends prompt + response as one string)."""
     if prompt and query.startswith(prompt):
@@ -30,25 +63,36 @@ def completion_of(query: str, prompt: str | None) -> str:
     return query
 
 
-def to_items(req: RewardRequest) -> list[ScoreItem]:
+def to_items(req: RewardRequest, special_tokens: str = AUTO) -> list[ScoreItem]:
+    pattern = token_pattern(special_tokens)
     n = len(req.query)
     prompts: Sequence[str | None] = req.prompts if req.prompts else [None] * n
     labels: Sequence[Any] = req.labels if req.labels else [None] * n
     if len(prompts) != n or len(labels) != n:
         raise ValueError(f"query, prompts and labels differ in length ({n}, "
                          f"{len(prompts)}, {len(labels)})")
-    return [ScoreItem(id=str(i), prompt=p, completion=completion_of(q, p),
-                      reference=None if label is None else str(label))
-            for i, (q, p, label) in enumerate(zip(req.query, prompts, labels, strict=True))]
+    items = []
+    for i, (q, p, label) in enumerate(zip(req.query, prompts, labels, strict=True)):
+        answers = references(label)
+        items.append(ScoreItem(
+            id=str(i), prompt=None if p is None else clean(p, pattern),
+            completion=clean(completion_of(q, p), pattern),
+            reference=answers[0] if answers else None,
+            extra={"references": answers} if len(answers) > 1 else {},
+        ))
+    return items
 
 
-def to_response(results: Sequence[ItemResult], error_reward: float | None) -> dict[str, Any]:
-    """Rewards in order; `extra_logs` carries per-sample error flags and fingerprint digests."""
-    values = [reward_or(r, error_reward) for r in results]
+def to_response(results: Sequence[ItemResult], error_reward: float) -> dict[str, Any]:
+    """Rewards in order, `error_reward` for failed items; `extra_logs.grm_error` flags those.
+    The fingerprints and error messages ride outside `extra_logs` (OpenRLHF ignores them)."""
+    values = [r.score if r.status == "ok" and r.score is not None else error_reward
+              for r in results]
     return {
         "rewards": values,
         "scores": values,
         "extra_logs": {"grm_error": [float(r.status == "error") for r in results]},
+        "grm_errors": [r.error for r in results],
         "grm_fingerprints": [r.fingerprint.model_dump() if r.fingerprint else None
                              for r in results],
     }

@@ -26,9 +26,9 @@ MAX_EXAMPLES = 300
 # Fixed, so a CI failure reproduces; change it locally to explore further.
 SEED = 20240611
 
-# The STUB answers "stub-<hash>", never a score, so every judged item fails. Without
-# error_reward the OpenRLHF endpoint then fails the call by design (502); pin it so the fuzzing
-# reaches the endpoint's success path instead of one designed failure.
+# The STUB answers "stub-<hash>", never a score, so every judged item fails and the OpenRLHF
+# endpoint answers with error_reward; pinned to a plain value so the fuzzing budget goes to the
+# body (a non-finite value is a 422, tested in test_trainer_auth.py).
 CONFIG = """
 [[operations]]
 include-path = "/openrlhf/reward"

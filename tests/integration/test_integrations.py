@@ -46,14 +46,16 @@ def test_openrlhf_remote_reward(service: Proc) -> None:
     assert all(r == -1 or 0 <= r <= 1 for r in judged.json()["rewards"])
 
 
-def test_verl_per_sample_and_batched(service: Proc) -> None:
+async def test_verl_per_sample_and_batched(service: Proc) -> None:
     kw = {"url": service.url, "scorer": "length"}
-    singles = [verl.compute_score("openai/gsm8k", a, label, {"question": p, "index": i}, **kw)
+    singles = [await verl.compute_score("openai/gsm8k", a, label, {"question": p, "index": i},
+                                        **kw)
                for i, (p, a, label) in enumerate(zip(PROMPTS, ANSWERS, LABELS, strict=True))]
+    await verl.close_clients()
     batched = verl.compute_score_batch(
         data_sources=["openai/gsm8k"] * 3, solution_strs=ANSWERS, ground_truths=LABELS,
         extra_infos=[{"question": p} for p in PROMPTS], **kw)
-    assert singles == batched and all(0 <= s <= 1 for s in singles)
+    assert singles == batched and all(0 <= s["score"] <= 1 for s in singles)
     judged = verl.compute_score_batch(["s"] * 3, ANSWERS, LABELS, [None] * 3,
                                       url=service.url, scorer="judge", error_score=-1.0)
     assert judged == verl.compute_score_batch(["s"] * 3, ANSWERS, LABELS, [None] * 3,
@@ -64,10 +66,10 @@ async def test_trl_sync_and_async_reward_functions(service: Proc) -> None:
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
     completions = [[{"role": "assistant", "content": a}] for a in ANSWERS]
     columns = {"reference": LABELS, "completion_ids": [[1], [2], [3]], "trainer_state": None}
-    sync = trl.GrmReward(service.url, "length")(prompts=prompts, completions=completions,
-                                                **columns)
-    async_ = await trl.AsyncGrmReward(service.url, "length")(
+    sync = trl.grm_reward(service.url, "length")(prompts=prompts, completions=completions,
+                                                 **columns)
+    async_ = await trl.async_grm_reward(service.url, "length")(
         prompts=prompts, completions=completions, **columns)
     assert sync == async_ and all(isinstance(r, float) for r in sync)
-    rule = trl.GrmReward(service.url, "rule")(prompts=PROMPTS, completions=ANSWERS, **columns)
+    rule = trl.grm_reward(service.url, "rule")(prompts=PROMPTS, completions=ANSWERS, **columns)
     assert rule == [1.0, 0.0, 0.0]

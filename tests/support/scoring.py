@@ -88,3 +88,16 @@ def without_replica(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+
+
+async def trainer_score(item: ScoreItem, ctx: ScorerContext) -> float:
+    """A custom scorer for the trainer tests on STUB replicas: one chat call through a replica
+    (so every item carries a replica's fingerprint), then 1.0 when the completion is one of the
+    references and a length-derived fraction otherwise. A prompt containing FAIL fails its item."""
+    await ctx.chat([{"role": "user", "content": item.completion or "?"}], max_tokens=4)
+    if "FAIL" in (item.prompt or ""):
+        raise ValueError("the prompt asked this item to fail")
+    answers = [item.reference, *item.extra.get("references", [])]
+    if (item.completion or "").strip() in answers:
+        return 1.0
+    return (len(item.completion or "") % 7) / 10

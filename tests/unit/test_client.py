@@ -94,3 +94,21 @@ async def test_async_client_same_contract() -> None:
         results = await client.score(ITEMS, "judge")
     assert [r.id for r in results] == [i["id"] for i in ITEMS]
     assert len(flaky.calls) == 4 + 2
+
+
+async def test_api_key_and_extra_headers_reach_every_request() -> None:
+    seen: list[httpx.Headers] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        return answer(request)
+
+    headers = {"x-team": "rl", "Authorization": "Bearer overridden"}
+    with GrmClient("http://svc", batch_size=2, api_key="k1", headers=headers,
+                   transport=httpx.MockTransport(record)) as client:
+        client.score(ITEMS[:3], "judge")
+    async with AsyncGrmClient("http://svc", api_key="k2",
+                              transport=httpx.MockTransport(record)) as aclient:
+        await aclient.score(ITEMS[:1], "judge")
+    assert [h["authorization"] for h in seen] == ["Bearer k1", "Bearer k1", "Bearer k2"]
+    assert seen[0]["x-team"] == "rl" and "x-team" not in seen[2]

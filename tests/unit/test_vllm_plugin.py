@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -15,7 +16,8 @@ import pytest
 from grm_service import vllm_plugin as plugin
 from grm_service.vllm_plugin import Action, PluginError
 
-BI_ON = {"VLLM_BATCH_INVARIANT": "1"}
+REPLICA = {plugin.REPLICA_ENV: "1"}
+BI_ON = {**REPLICA, "VLLM_BATCH_INVARIANT": "1"}
 
 
 def version(value: str | None) -> Callable[[], str | None]:
@@ -33,8 +35,11 @@ def must_not_run() -> Any:
 @pytest.mark.parametrize(
     ("env", "vllm", "is_cuda", "action", "reason_part"),
     [
-        ({}, "0.25.0", True, Action.SKIP, "VLLM_BATCH_INVARIANT is off"),
-        ({"VLLM_BATCH_INVARIANT": "0"}, "0.25.0", True, Action.SKIP, "is off"),
+        (REPLICA, "0.25.0", True, Action.SKIP, "VLLM_BATCH_INVARIANT is off"),
+        ({"VLLM_BATCH_INVARIANT": "1"}, "0.25.0", True, Action.SKIP, "not a grm-service replica"),
+        ({"VLLM_BATCH_INVARIANT": "1", plugin.REPLICA_ENV: "0"}, "9.9.9", True, Action.SKIP,
+         "not a grm-service replica"),
+        ({**REPLICA, "VLLM_BATCH_INVARIANT": "0"}, "0.25.0", True, Action.SKIP, "is off"),
         ({**BI_ON, "GRM_VLLM_PLUGIN": "off"}, "9.9.9", True, Action.SKIP, "=off"),
         (BI_ON, None, True, Action.SKIP, "not installed"),
         (BI_ON, "9.9.9", False, Action.SKIP, "not CUDA"),
@@ -56,7 +61,7 @@ def test_decide_table(
 
 
 def test_batch_invariance_off_asks_nothing_of_vllm() -> None:
-    decision = plugin.decide({}, must_not_run, must_not_run)
+    decision = plugin.decide(REPLICA, must_not_run, must_not_run)
 
     assert decision.action is Action.SKIP
 
@@ -78,7 +83,14 @@ def test_unknown_version_on_cpu_is_quiet() -> None:
 
 def test_bad_switch_value_fails() -> None:
     with pytest.raises(PluginError, match="GRM_VLLM_PLUGIN must be one of"):
-        plugin.decide({"GRM_VLLM_PLUGIN": "maybe"}, must_not_run, must_not_run)
+        plugin.decide({**REPLICA, "GRM_VLLM_PLUGIN": "maybe"}, must_not_run, must_not_run)
+
+
+def test_outside_a_replica_nothing_is_asked_or_refused() -> None:
+    # A trainer's environment: batch invariance on, a bad switch value, any vLLM: no decision.
+    env = {"VLLM_BATCH_INVARIANT": "1", "GRM_VLLM_PLUGIN": "maybe"}
+
+    assert plugin.decide(env, must_not_run, must_not_run).action is Action.SKIP
 
 
 class FakeVllm:
@@ -194,7 +206,7 @@ def test_status_with_the_engine_platform_given() -> None:
 
 
 def test_status_when_batch_invariance_is_off() -> None:
-    report = plugin.status({"VLLM_PLUGINS": "grm_service, other"})
+    report = plugin.status({**REPLICA, "VLLM_PLUGINS": "grm_service, other"})
 
     assert report["decision"] == "skip"
     assert report["mode"] == "auto"
@@ -234,3 +246,70 @@ def test_vllm_loads_plugin_without_breaking_startup_here() -> None:
     )
 
     assert _python(code, BI_ON).splitlines()[-1] == "skip no"
+
+
+# A process with a vLLM that grm-service does not know and that says it runs on CUDA: a stand-in
+# `vllm` package on sys.path, so the plugin's real register() sees what a GPU trainer would show.
+_FAKE_VLLM = """
+import sys, types
+vllm = types.ModuleType("vllm"); vllm.__version__ = "0.99.0"
+platforms = types.ModuleType("vllm.platforms")
+platforms.current_platform = types.SimpleNamespace(is_cuda=lambda: True)
+sys.modules.update({"vllm": vllm, "vllm.platforms": platforms})
+import logging; logging.basicConfig(level=logging.DEBUG)
+from grm_service import vllm_plugin as p
+p.register()
+print("registered", p.is_active())
+"""
+
+
+def _run_register(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    ours = ("VLLM_", "GRM_")
+    base = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
+    return subprocess.run([sys.executable, "-c", _FAKE_VLLM], env=base | env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_register_outside_a_replica_is_silent_whatever_the_version() -> None:
+    trainer = _run_register({"VLLM_BATCH_INVARIANT": "1", "GRM_VLLM_PLUGIN": "force"})
+
+    assert trainer.returncode == 0, trainer.stderr
+    assert trainer.stdout.strip() == "registered False"
+    assert "grm_service" not in trainer.stderr  # not even a log line
+
+
+def test_register_inside_a_replica_refuses_the_unknown_version() -> None:
+    # The same process with the marker: the check the trainer was spared does run.
+    replica = _run_register({"VLLM_BATCH_INVARIANT": "1", **REPLICA})
+
+    assert replica.returncode != 0
+    assert "vLLM 0.99.0 is not a known version" in replica.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_plain_vllm_process_leaves_the_plugin_idle() -> None:
+    # vLLM's own plugin loader, batch invariance on, no replica marker: the plugin is loaded by
+    # vLLM (the entry point is installed) and decides nothing.
+    code = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from grm_service import vllm_plugin as p; "
+        "s = p.status(); print(s['decision'], s['active'], s['reason'])"
+    )
+
+    assert _python(code, {"VLLM_BATCH_INVARIANT": "1"}).splitlines()[-1] == (
+        "skip no not a grm-service replica (GRM_SERVICE_REPLICA unset)")
+
+
+def test_every_engine_profile_marks_its_replicas(tmp_path: Path) -> None:
+    from grm_service import determinism
+    from grm_service.config import Settings
+    from grm_service.engines.base import ReplicaSpec
+    from grm_service.engines.vllm_cpu import VllmCpu
+    from grm_service.engines.vllm_gpu import VllmGpu
+
+    settings = Settings(model="m")
+    spec = ReplicaSpec(name="r0", index=0, port=1, work_dir=tmp_path)
+    for engine in (VllmCpu(settings), VllmGpu(settings)):
+        child_env = engine.command(spec, {}).env  # the one child recipe every launcher uses
+        assert child_env[plugin.REPLICA_ENV] == "1"
+        assert plugin.REPLICA_ENV not in determinism.numerics_env(child_env)  # not digested
