@@ -289,9 +289,9 @@ def check_remote_url(url: str, allowlist: tuple[Origin, ...]) -> None:
     parts = _parse_url(url)
     if not any(origin.admits(parts) for origin in allowlist):
         raise ImageError(
-            f"remote image URL {_short(url)} is refused (the engine would fetch it from inside "
-            "the cluster); send the image inline as a data URL, or have the operator add its "
-            "origin to GRM_IMAGE_URL_ALLOWLIST"
+            f"remote image URL {_short(url)} is refused: the engine would fetch it from inside "
+            "the cluster (server-side request forgery); send the image inline as a data URL, "
+            "or have the operator add its origin to GRM_IMAGE_URL_ALLOWLIST"
         )
 
 

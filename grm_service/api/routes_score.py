@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from grm_service import checkpoint
 from grm_service.api.deps import gateway, pinned_replica
+from grm_service.api.score_body import read_score_request
 from grm_service.errors import TooLarge
 from grm_service.proxy import Gateway, forward, wrap
 from grm_service.scoring.batch import score_batch
@@ -37,8 +38,11 @@ async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
 
 
 @router.post("/v1/score", response_model=ScoreResponse)
-async def score(req: ScoreRequest, gw: GatewayDep) -> Response:
-    """Score a batch; results come back in input order, each with its fingerprint."""
+async def score(request: Request, gw: GatewayDep) -> Response:
+    """Score a batch; results come back in input order, each with its fingerprint.
+
+    The body is a `ScoreRequest` (schema: `score_body.add_score_schema`), read in chunks."""
+    req = await read_score_request(request, gw.settings.max_score_items)
     answer = await run_score(gw, req)
     # pydantic-core serializes in one pass; FastAPI's response_model path would validate and
     # encode every result again (seconds, on the event loop, for a batch of thousands).

@@ -28,6 +28,10 @@ def conversation(item: ScoreItem) -> list[dict[str, Any]]:
 
 
 OPTIONS = ("output", "label")
+OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "output": {"enum": ["prob", "raw"], "default": "prob"},
+    "label": {"type": "integer", "default": -1},
+}}
 
 
 def check_options(options: dict[str, Any]) -> None:

@@ -43,6 +43,11 @@ MAX_PATTERN_CHARS = 1024
 _TEXT_FIELDS = ("prompt", "completion", "reference")
 _FIELDS = (*_TEXT_FIELDS, "min", "max")
 _RE2_MAX_MEM = 1 << 20  # a compiled pattern's memory; bigger ones are refused
+OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "template": {"type": "string", "maxLength": MAX_TEMPLATE_CHARS, "default": TEMPLATE},
+    "pattern": {"type": "string", "maxLength": MAX_PATTERN_CHARS, "default": PATTERN},
+    "min": {"type": "number", "default": 1}, "max": {"type": "number", "default": 10},
+}}
 
 
 # (literal, field or None) pairs

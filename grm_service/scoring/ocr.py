@@ -44,6 +44,10 @@ def messages(image: str) -> list[dict[str, object]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
 
 
+OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                                  "maxProperties": 0}
+
+
 def check_options(options: dict[str, Any]) -> None:
     if options:
         raise InvalidRequest(f"the ocr scorer takes no options, got {', '.join(sorted(options))}")

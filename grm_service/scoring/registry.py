@@ -33,6 +33,9 @@ BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify"
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
 }
+OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
+}
 
 
 def parse_spec(spec: str) -> tuple[str, str, str]:
