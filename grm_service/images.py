@@ -108,7 +108,8 @@ def check_image(data: bytes, limits: ImageLimits) -> str:
     except UnidentifiedImageError:
         raise ImageError(f"image cannot be decoded: not one of {', '.join(FORMATS)}") from None
     except Image.DecompressionBombError:
-        raise ImageError(f"image exceeds the limit of {limits.max_pixels} pixels") from None
+        raise ImageError(f"image has too many pixels; the limit is {limits.max_pixels} "
+                         "pixels") from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError) as err:
         # Pillow reports a broken file through any of these, depending on the plugin.
         raise ImageError(f"image cannot be decoded: {err}") from None
