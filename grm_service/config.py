@@ -131,12 +131,28 @@ class Settings(BaseSettings):
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a replica; more -> 429.")
     queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a replica -> 429.")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time for in-flight work.")
-    max_body_bytes: int = Field(64 << 20, ge=1024, description="Largest request body -> 413.")
+    max_body_bytes: int = Field(
+        32 << 20, ge=1024,
+        description="Largest request body -> 413 (default: one largest image, base64, fits).",
+    )
     max_image_bytes: int = Field(20 << 20, ge=1, description="Largest decoded image.")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image (width*height).")
+    image_decode: bool = Field(
+        False, description="Decode every inline image fully (default: header and framing only)."
+    )
     image_url_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="URL prefixes the engine may fetch images from (default: data URLs only).",
+        description="Origins (scheme://host[:port][/path]) the engine may fetch images from "
+        "(default: none, data URLs only).",
+    )
+    max_score_items: int = Field(4096, ge=1, description="Items in one /v1/score batch -> 413.")
+    max_n: int = Field(16, ge=1, description="Largest `n` (and `best_of`) of a request -> 400.")
+    max_tokens_limit: int = Field(
+        32768, ge=1, description="Largest max_tokens / max_completion_tokens -> 400."
+    )
+    max_json_depth: int = Field(64, ge=8, le=200, description="Deepest JSON nesting -> 400.")
+    max_json_values: int = Field(
+        1_000_000, ge=1000, description="JSON values (and keys) in one body -> 413."
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; empty = no auth (comma-separated)."
@@ -171,6 +187,20 @@ class Settings(BaseSettings):
     def _needs_model(self) -> Settings:
         if not self.model and not self.backend_urls:
             raise ValueError("--model is required unless --backend-url attaches replicas")
+        return self
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> Settings:
+        """Limits that contradict each other would refuse what another limit promises."""
+        if self.max_tokens_default > self.max_tokens_limit:
+            raise ValueError(f"GRM_MAX_TOKENS_DEFAULT={self.max_tokens_default} exceeds "
+                             f"GRM_MAX_TOKENS_LIMIT={self.max_tokens_limit}")
+        # An image travels as base64 (4/3 of its bytes) inside a JSON body.
+        needed = self.max_image_bytes * 4 // 3 + 64 * 1024
+        if self.max_body_bytes < needed:
+            raise ValueError(f"GRM_MAX_BODY_BYTES={self.max_body_bytes} cannot carry one image of "
+                             f"GRM_MAX_IMAGE_BYTES={self.max_image_bytes} (base64): raise it to "
+                             f"{needed} or lower the image limit")
         return self
 
     def all_api_keys(self) -> list[str]:

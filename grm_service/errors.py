@@ -4,7 +4,12 @@
     ├── InvalidRequest            400  the request is well-formed JSON but asks for something wrong
     │   ├── UnknownModel          400  `model` names a model this service does not serve
     │   ├── StreamingUnsupported  400  `stream=true`: a fingerprint needs the whole response
-    │   └── UnknownScorer         400  `scorer` names no registered scorer
+    │   ├── UnknownScorer         400  `scorer` names no registered scorer
+    │   ├── UnknownReplica        400  `x-grm-pin-replica` names no replica of this service
+    │   ├── FieldNotAllowed       400  a field or content part the checkpoint does not forward
+    │   ├── OverLimit             400  a value above an operator cap (n, max_tokens, nesting)
+    │   └── ImageError            400  an inline image that is broken, too big, or a remote URL
+    ├── TooLarge                  413  more items or JSON values than the operator allows
     ├── Overloaded                429  every replica is at its in-flight limit and the queue is full
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
@@ -45,6 +50,27 @@ class StreamingUnsupported(InvalidRequest):
 
 class UnknownScorer(InvalidRequest):
     code = "unknown_scorer"
+
+
+class UnknownReplica(InvalidRequest):
+    code = "unknown_replica"
+
+
+class FieldNotAllowed(InvalidRequest):
+    code = "field_not_allowed"
+
+
+class OverLimit(InvalidRequest):
+    code = "over_limit"
+
+
+class ImageError(InvalidRequest):
+    code = "invalid_image"
+
+
+class TooLarge(GrmError):
+    http_status = 413
+    code = "too_large"
 
 
 class Overloaded(GrmError):

@@ -6,13 +6,13 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import aiohttp
 
-from grm_service import router
+from grm_service import checkpoint, router
 from grm_service.audit import Auditor
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
@@ -23,6 +23,7 @@ from grm_service.errors import (
     ServiceUnavailable,
     StreamingUnsupported,
     UnknownModel,
+    UnknownReplica,
 )
 from grm_service.fingerprint import Fingerprint, Identity, digest, response_digest
 from grm_service.identity import PENDING, capabilities_of, describe
@@ -33,12 +34,22 @@ from grm_service.replicas import Replica, ReplicaPool
 log = logging.getLogger(__name__)
 
 
-class _Retryable(Exception):
-    """A failure another replica may not have: connection error, timeout, 5xx."""
+# Inline images above this many base64 characters are checked in a worker thread: below it the
+# check costs less than the thread hop.
+OFF_LOOP_IMAGE_CHARS = 1 << 20
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
+
+class _Retryable(Exception):
+    """A failure another replica may not have: connection error, timeout, 5xx.
+
+    `str()` is what a client may see (the replica's name and what went wrong); `detail` (with
+    addresses and library reprs) goes to the log only.
+    """
+
+    def __init__(self, reason: str, replica: str, summary: str, detail: str = "") -> None:
+        super().__init__(f"{replica}: {summary}")
         self.reason = reason
+        self.detail = detail or summary
 
 
 @dataclass
@@ -55,6 +66,10 @@ class Gateway:
     reference: ReplicaIdentity | None = None
     draining: bool = False
     queued: int = 0
+    limits: checkpoint.Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = checkpoint.Limits.from_settings(self.settings)
 
     @property
     def inflight(self) -> int:
@@ -117,6 +132,10 @@ def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode
 def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     ready = {r.name: r for r in gw.pool.ready()}
     if pin is not None:
+        if pin not in {r.name for r in gw.pool.replicas}:
+            known = ", ".join(r.name for r in gw.pool.replicas)
+            raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
+                                 f"replicas: {known}")
         return [ready[pin]] if pin in ready else []
     now = time.monotonic()
     closed = {n: r for n, r in ready.items() if not r.breaker_open(now)}
@@ -157,9 +176,10 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[i
                                   timeout=timeout) as response:
             return response.status, await response.read()
     except TimeoutError as err:
-        raise _Retryable("timeout", f"{replica.name}: timed out") from err
+        raise _Retryable("timeout", replica.name, "timed out") from err
     except aiohttp.ClientError as err:
-        raise _Retryable("connection", f"{replica.name}: {err!r}") from err
+        raise _Retryable("connection", replica.name, "connection failed",
+                         f"{type(err).__name__} to {replica.url}: {err}") from err
     finally:
         gauge.dec()
 
@@ -178,18 +198,18 @@ async def _attempt(
 def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
     status, content = response
     if status >= 500:
-        raise _Retryable("status", f"{replica.name}: HTTP {status}")
+        raise _Retryable("status", replica.name, f"HTTP {status}")
     try:
         payload = json.loads(content)
     except ValueError as err:
         if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
             text = content.decode(errors="replace")[:500]
             raise BackendRejected(f"engine: {text}", status) from None
-        raise _Retryable("decode", f"{replica.name}: response is not JSON") from err
+        raise _Retryable("decode", replica.name, "response is not JSON") from err
     if status >= 400:
         raise BackendRejected(_engine_message(payload), status)
     if not isinstance(payload, dict):
-        raise _Retryable("decode", f"{replica.name}: response is not a JSON object")
+        raise _Retryable("decode", replica.name, "response is not a JSON object")
     return payload
 
 
@@ -205,9 +225,10 @@ def _engine_message(payload: Any) -> str:
 async def forward(
     gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True
 ) -> Forwarded:
-    """Send a prepared body to its replica, failing over along the rendezvous order."""
+    """Check a prepared body, send it to its replica, fail over along the rendezvous order."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
+    await check(gw, path, body)
     raw = router.canonical_json(body)  # once: the routing key and the request digest share it
     order = route(gw, router.key_of(raw), pin)
     if not order:
@@ -220,7 +241,7 @@ async def forward(
             payload = await _attempt(gw, replica, path, raw, serialized)
         except _Retryable as err:
             gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
-            log.warning("attempt failed, failing over: %s", err)
+            log.warning("attempt failed, failing over: %s (%s)", err, err.detail)
             errors.append(str(err))
             _record(gw, replica, ok=False)
             continue
@@ -233,6 +254,15 @@ async def forward(
             gw.auditor.submit(path, body, fp, others, partial(_rerun, gw))
         return Forwarded(payload, fp)
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+async def check(gw: Gateway, path: str, body: dict[str, Any]) -> None:
+    """`checkpoint.check_body`, with large inline images decoded off the event loop."""
+    inline = checkpoint.scan(path, body, gw.limits)
+    if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
+        await asyncio.to_thread(checkpoint.check_images, inline, gw.limits)
+    else:
+        checkpoint.check_images(inline, gw.limits)
 
 
 def _record(gw: Gateway, replica: Replica, ok: bool) -> None:
@@ -254,7 +284,9 @@ def _fingerprint(
 ) -> Fingerprint:
     ident = replica.identity
     assert ident is not None, "admission reads the identity before a replica is routed to"
-    seed = int(body.get("seed", gw.settings.seed))
+    # The checkpoint let through only an integer seed or none; none means the service seed.
+    seed = body.get("seed")
+    seed = gw.settings.seed if seed is None else seed
     return Fingerprint(
         fingerprint_id=ident.fingerprint_id(seed),
         identity="verified" if ident.verified else "unverified", seed=seed,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import httpx
@@ -18,6 +19,7 @@ from grm_service.admission import Admission
 from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
 from grm_service.api.guards import Guards
 from grm_service.api.middleware import MetricsMiddleware
+from grm_service.api.score_body import add_score_schema
 from grm_service.audit import Auditor
 from grm_service.canary import Canary
 from grm_service.config import Launcher, Settings
@@ -146,4 +148,17 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_score.router)
     app.include_router(routes_integrations.router)
+    _with_score_schema(app, settings)
     return app
+
+
+def _with_score_schema(app: FastAPI, settings: Settings) -> None:
+    """/v1/score reads its own body (in chunks): its schema is added to the generated one."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            add_score_schema(generate(), registered(tuple(settings.scorers)))
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]

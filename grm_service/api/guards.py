@@ -1,4 +1,6 @@
-"""Body-size limit and bearer-key auth as plain ASGI middleware (before any body is parsed)."""
+"""Body-size limit, JSON shape bounds and bearer-key auth as plain ASGI middleware (before any
+body is parsed: a parser given a 900-deep or million-value body recurses or allocates first and
+fails later)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,14 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grm_service.checkpoint import check_json_shape
 from grm_service.config import Settings
+from grm_service.errors import GrmError
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
+# Set in the ASGI scope's state: whether the request carried a valid key (or none is needed).
+# Open paths read it to decide how much to show (e.g. /ready's replica details).
+AUTHORIZED = "grm_authorized"
 
 
 Headers = list[tuple[bytes, bytes]]
@@ -44,11 +51,13 @@ class Guards:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         self.limit = settings.max_body_bytes
+        self.max_depth = settings.max_json_depth
+        self.max_values = settings.max_json_values
         self.keys = [key.encode() for key in settings.all_api_keys()]
         self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | {"/metrics"}
 
-    def _authorized(self, scope: Scope) -> bool:
-        if not self.keys or scope["path"] in self.open_paths:
+    def _has_key(self, scope: Scope) -> bool:
+        if not self.keys:
             return True
         token = presented_key(dict(scope["headers"]).get(b"authorization", b""))
         if token is None:
@@ -61,7 +70,9 @@ class Guards:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self._authorized(scope):
+        has_key = self._has_key(scope)
+        scope.setdefault("state", {})[AUTHORIZED] = has_key
+        if not has_key and scope["path"] not in self.open_paths:
             await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
                           "<key>' (or the key as the URL's password)",
                           [(b"www-authenticate", b"Bearer")])
@@ -90,6 +101,12 @@ class Guards:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            check_json_shape(body, self.max_depth, self.max_values)
+        except GrmError as err:
+            await _refuse(send, err.http_status, err.message, [])
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -97,6 +114,6 @@ class Guards:
             if replayed:
                 return await receive()
             replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grm_service.api.deps import gateway
+from grm_service.api.guards import AUTHORIZED
 from grm_service.fingerprint import Identity
 from grm_service.proxy import Gateway
 
@@ -23,14 +24,19 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(gw: GatewayDep) -> JSONResponse:
+async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
+    """Open to load balancers (the status code); replica details (addresses, pids, errors)
+    only with a valid key when keys are set."""
+    ok = bool(gw.pool.ready()) and not gw.draining
+    status = 200 if ok else 503
+    if not getattr(request.state, AUTHORIZED, False):
+        return JSONResponse({"ready": ok}, status_code=status)
     replicas = [
         {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,
          "in_flight": r.gate.inflight, "pid": r.pid, "detail": r.detail}
         for r in gw.pool.replicas
     ]
-    ok = bool(gw.pool.ready()) and not gw.draining
-    return JSONResponse({"ready": ok, "replicas": replicas}, status_code=200 if ok else 503)
+    return JSONResponse({"ready": ok, "replicas": replicas}, status_code=status)
 
 
 @router.get("/metrics")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
@@ -10,7 +9,6 @@ from fastapi.responses import JSONResponse
 
 from grm_service.api.deps import gateway, pinned_replica
 from grm_service.api.schemas import ChatCompletionRequest
-from grm_service.inputs import check_messages, has_images
 from grm_service.proxy import Gateway, forward, prepare, wrap
 
 router = APIRouter()
@@ -21,8 +19,6 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
-    if has_images(req.messages):  # decoding images is CPU work: keep it off the event loop
-        await asyncio.to_thread(check_messages, req.messages, gw.settings)
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin)
     return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 _INT64 = 2**63 - 1
 
@@ -16,7 +16,8 @@ class ChatCompletionRequest(BaseModel):
 
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
-    seed: int | None = Field(None, ge=0, le=_INT64)
+    # Strict: `true` or "7" would be forwarded as 1 or 7 while the client believes it sent them.
+    seed: StrictInt | None = Field(None, ge=0, le=_INT64)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)

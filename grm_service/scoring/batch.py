@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 
-from grm_service.errors import BackendFailed, BackendRejected, UnknownModel
+from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
 from grm_service.fingerprint import Fingerprint, json_digest
 from grm_service.scoring.context import ItemError, ScorerContext, Send
 from grm_service.scoring.images import to_data_url
@@ -26,16 +26,17 @@ from grm_service.scoring.registry import Scorer
 
 log = logging.getLogger(__name__)
 
-# Failures of one item; anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
-_ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, UnknownModel)
+# Failures of one item (InvalidRequest: the checkpoint refused what this item would send);
+# anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
+_ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
 
 
-async def checked_images(item: ScoreItem) -> ScoreItem:
-    """The item with every image checked and normalised; decoding runs off the event loop."""
+def with_data_urls(item: ScoreItem) -> ScoreItem:
+    """The item with every image as a data URL (checked by the checkpoint when sent)."""
     frames = item.frames()
     if not frames:
         return item
-    urls = await asyncio.to_thread(lambda: [to_data_url(f) for f in frames])
+    urls = [to_data_url(f) for f in frames]
     image: str | list[str] = urls[0] if isinstance(item.image, str) else urls
     return item.model_copy(update={"image": image})
 
@@ -69,7 +70,7 @@ def _response(ctx: ScorerContext, item: ScoreItem) -> str | list[str] | None:
 async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequest) -> ItemResult:
     ctx = ScorerContext(send=send, sampling=req.sampling, options=req.options)
     try:
-        value = await scorer(await checked_images(item), ctx)
+        value = await scorer(with_data_urls(item), ctx)
         if not math.isfinite(value):
             raise ItemError(f"score {value} is not a finite number")
     except _ITEM_FAILURES as err:
@@ -85,19 +86,26 @@ async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequ
 async def score_batch(
     req: ScoreRequest, scorer: Scorer, send: Send, concurrency: int, fingerprint_id: str
 ) -> ScoreResponse:
-    gate = asyncio.Semaphore(concurrency)
+    slots: list[ItemResult | None] = [None] * len(req.items)
+    todo = iter(enumerate(req.items))
 
-    async def bounded(item: ScoreItem) -> ItemResult:
-        async with gate:
-            return await score_item(item, scorer, send, req)
+    async def worker() -> None:
+        # `concurrency` workers share one iterator, instead of a task per item: a task per item
+        # of a 100,000-item batch is 100,000 tasks made ready at once, run in one loop turn.
+        for index, item in todo:
+            slots[index] = await score_item(item, scorer, send, req)
+            # One item per turn, so that items that fail at once (no await that suspends)
+            # still leave the loop to other requests between them.
+            await asyncio.sleep(0)
 
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(bounded(item)) for item in req.items]
+            for _ in range(min(concurrency, len(req.items))):
+                group.create_task(worker())
     except BaseExceptionGroup as failed:
         # The batch fails as a whole (e.g. 503): raise the first cause so it maps to HTTP.
         raise failed.exceptions[0] from None
-    results = [task.result() for task in tasks]
+    results = [r for r in slots if r is not None]
     errors = sum(r.status == "error" for r in results)
     if errors:
         log.info("scored %d items with %s: %d errors", len(results), req.scorer, errors)

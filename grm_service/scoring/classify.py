@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grm_service.errors import InvalidRequest
 from grm_service.scoring.context import ItemError, ScorerContext
 from grm_service.scoring.models import ScoreItem
 
@@ -26,12 +27,32 @@ def conversation(item: ScoreItem) -> list[dict[str, Any]]:
     return [*turns, {"role": "assistant", "content": item.completion}]
 
 
-async def score(item: ScoreItem, ctx: ScorerContext) -> float:
-    output = ctx.options.get("output", "prob")
+OPTIONS = ("output", "label")
+OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "output": {"enum": ["prob", "raw"], "default": "prob"},
+    "label": {"type": "integer", "default": -1},
+}}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """InvalidRequest (the whole request is wrong) for an unknown option or a wrong type."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InvalidRequest(f"classify options: unknown {', '.join(unknown)}; "
+                             f"known: {', '.join(OPTIONS)}")
+    output = options.get("output", "prob")
     if output not in ("prob", "raw"):
-        raise ItemError(f"classify option output must be 'prob' or 'raw', not {output!r}")
+        raise InvalidRequest(f"classify option output must be 'prob' or 'raw', not {output!r:.40}")
+    label = options.get("label", -1)
+    if isinstance(label, bool) or not isinstance(label, int):
+        raise InvalidRequest(f"classify option label must be an integer index, not {label!r:.40}")
+
+
+async def score(item: ScoreItem, ctx: ScorerContext) -> float:
+    check_options(ctx.options)
+    output = ctx.options.get("output", "prob")
     values = await ctx.classify(conversation(item), activation=output == "prob")
-    label = int(ctx.options.get("label", -1))
+    label: int = ctx.options.get("label", -1)
     try:
         return values[label]
     except IndexError:

@@ -1,36 +1,31 @@
-"""Score-item images: checked by the gateway's one image check (`grm_service.inputs`) and
-normalised to a data URL, with a failure as an item error.
+"""Score-item images, normalised to data URLs; the checkpoint (`grm_service.checkpoint`) checks
+them on their way to the engine, with the same limits as chat images.
 
-The original bytes are kept (never re-encoded) so the replica sees exactly what the client sent.
+The original bytes are kept (never re-encoded) so the replica sees exactly what the client sent,
+and nothing is decoded here: bare base64 gets its media type from its first bytes.
 """
 
 from __future__ import annotations
 
 import base64
 
-from grm_service.inputs import ImageError, decode_image_bytes, inspect_image
+from grm_service.images import is_data_url, sniff_mime
 from grm_service.scoring.context import ItemError
-
-MAX_BYTES = 20 * 1024 * 1024
-MAX_PIXELS = 64_000_000
-_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif",
-            "BMP": "image/bmp", "TIFF": "image/tiff"}
 
 
 def to_data_url(value: str) -> str:
-    """A checked `data:<mime>;base64,...` URL of the same bytes; ItemError says what is wrong."""
-    if value.startswith(("http://", "https://", "file:")):
+    """A `data:<mime>;base64,...` URL of the same bytes; ItemError when it cannot be one."""
+    value = value.strip()
+    if is_data_url(value):
+        return value
+    if "://" in value[:16] or value.startswith("file:"):
         raise ItemError("image must be inline (data URL or base64), not a URL: a fetched "
                         "image can change between runs")
-    try:
-        raw = decode_image_bytes(value.strip())
-        kind = inspect_image(raw, MAX_BYTES, MAX_PIXELS)
-    except ImageError as err:
-        raise ItemError(err.message) from None
-    mime = _FORMATS.get(kind)
+    mime = sniff_mime(value)
     if mime is None:
-        raise ItemError(f"image format {kind or 'unknown'} is not supported")
-    return encode_bytes(raw, mime)
+        raise ItemError("image is neither a data URL nor base64 of a PNG, JPEG, WebP, GIF, BMP "
+                        "or TIFF")
+    return f"data:{mime};base64,{value}"
 
 
 def encode_bytes(raw: bytes, mime: str = "image/png") -> str:

@@ -8,9 +8,11 @@ distance is capped at the reference length so the score stays in [0, 1].
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rapidfuzz.distance import Levenshtein
 
+from grm_service.errors import InvalidRequest
 from grm_service.scoring.context import ItemError, ScorerContext
 from grm_service.scoring.models import ScoreItem
 
@@ -40,6 +42,15 @@ def messages(image: str) -> list[dict[str, object]]:
     content = [{"type": "image_url", "image_url": {"url": image}},
                {"type": "text", "text": INSTRUCTION}]
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+
+OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                                  "maxProperties": 0}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    if options:
+        raise InvalidRequest(f"the ocr scorer takes no options, got {', '.join(sorted(options))}")
 
 
 async def score(item: ScoreItem, ctx: ScorerContext) -> float:

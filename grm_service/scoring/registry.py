@@ -28,6 +28,14 @@ Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
 
 BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score}
+# Request-level option checks of the built-ins (InvalidRequest -> 400 before any item runs);
+# a custom scorer reads its options itself.
+OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
+}
+OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
+}
 
 
 def parse_spec(spec: str) -> tuple[str, str, str]:
@@ -89,3 +97,9 @@ def lookup(name: str, specs: tuple[str, ...] = ()) -> Scorer:
 def registered(specs: tuple[str, ...] = ()) -> list[str]:
     """Every scorer name; loads custom scorers, so a bad spec raises ConfigError here."""
     return sorted(_registry(specs))
+
+
+def check_options(name: str, scorer: Scorer, options: dict[str, Any]) -> None:
+    """The built-in scorer's option check (a custom scorer may reuse a built-in's name)."""
+    if BUILTIN.get(name) is scorer:
+        OPTION_CHECKS[name](options)

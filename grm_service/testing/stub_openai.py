@@ -1,10 +1,12 @@
 """STUB OpenAI-compatible backend: for testing and benchmarking the gateway itself.
 
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
-bytes (so routing and fingerprint code see distinct, repeatable outputs), and can inject faults:
-a fixed delay, 500s, or garbage (`--garbage html|json|hang`: every route answers a 200 HTML page,
-a 200 of broken JSON, or never answers). Start: `python -m grm_service.testing.stub_openai
---port 0`; it prints `PORT <n>` on stdout once listening.
+bytes (so routing and fingerprint code see distinct, repeatable outputs), `/classify` with fixed
+probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--garbage
+html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers).
+With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
+/stub/received` to clear), so a test can assert what reached an engine, or that nothing did.
+Start: `python -m grm_service.testing.stub_openai --port 0`; it prints `PORT <n>` once listening.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import socket
 import sys
+from collections import deque
 from typing import Any
 
 from starlette.applications import Starlette
@@ -49,17 +52,34 @@ def garbage_app(kind: str) -> Starlette:
 
 
 def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
-              version: str = "stub") -> Starlette:
+              version: str = "stub", record: int = 0) -> Starlette:
+    received: deque[dict[str, Any]] = deque(maxlen=record or 1)
+
+    def keep(path: str, raw: bytes) -> None:
+        if record:
+            received.append({"path": path, "body": json.loads(raw)})
+
     async def health(_: Request) -> Response:
         return Response(status_code=500 if fail else 200)
 
     async def chat(request: Request) -> JSONResponse:
         raw = await request.body()
+        keep("/v1/chat/completions", raw)
         if delay_s:
             await asyncio.sleep(delay_s)
         if fail:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
         return JSONResponse(_completion(json.loads(raw), raw))
+
+    async def classify(request: Request) -> JSONResponse:
+        raw = await request.body()
+        keep("/classify", raw)
+        return JSONResponse({"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]})
+
+    async def seen(request: Request) -> JSONResponse:
+        if request.method == "DELETE":
+            received.clear()
+        return JSONResponse(list(received) if record else [])
 
     async def engine_version(_: Request) -> JSONResponse:
         return JSONResponse({"version": version})
@@ -73,6 +93,8 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     return Starlette(routes=[
         Route("/health", health), Route("/version", engine_version), Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/classify", classify, methods=["POST"]),
+        Route("/stub/received", seen, methods=["GET", "DELETE"]),
     ])
 
 
@@ -86,6 +108,7 @@ def main() -> None:
     parser.add_argument("--served-model-name", default="rm")
     parser.add_argument("--version", default="stub", help="What /version reports.")
     parser.add_argument("--garbage", choices=["html", "json", "hang"], default=None)
+    parser.add_argument("--record", type=int, default=0, help="Keep the last N bodies received.")
     args = parser.parse_args()
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle).
@@ -95,7 +118,8 @@ def main() -> None:
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
     stub = (garbage_app(args.garbage) if args.garbage
-            else build_app(args.delay, args.fail, args.served_model_name, args.version))
+            else build_app(args.delay, args.fail, args.served_model_name, args.version,
+                           args.record))
     config = uvicorn.Config(stub, log_level="warning")
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 

@@ -2,7 +2,9 @@
 
 The gateway sits in front of two STUB backends that stay up for the whole run, so any 5xx is the
 gateway's own fault (a 502/503 for a deliberately stopped backend would be legitimate; none is
-stopped here). The schemathesis CLI runs in a subprocess: its Hypothesis machinery stays out of
+stopped here). `/v1/score`'s schema enumerates the scorers and each one's options, so the
+fuzzer reaches the scorers themselves (the recording STUBs show that it did). The schemathesis CLI
+runs in a subprocess: its Hypothesis machinery stays out of
 this pytest process (and its `filterwarnings = error`), and its report says how many cases ran.
 """
 
@@ -15,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.support.procs import Proc, gateway_on_stubs
+from tests.support.procs import Proc, gateway_on_stubs, received
 
 MIN_CASES = 1000
 # Cases per operation: the 7 GETs take no parameters (a handful of cases each), so the 4 POSTs
@@ -43,7 +46,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gateway_and_stubs(tmp: Path) -> Iterator[tuple[Proc, list[Proc]]]:
-    with gateway_on_stubs(tmp) as pair:
+    with gateway_on_stubs(tmp, stub_args=("--record", "100000")) as pair:
         yield pair
 
 
@@ -94,3 +97,9 @@ def test_no_server_errors_in_generated_requests(
     assert report["test_cases"]["generated"] >= MIN_CASES, report["test_cases"]
     down = [s.url for s in stubs if s.popen.poll() is not None]
     assert not down, f"a STUB backend died during the run, 5xx would not count: {down}"
+    schema = httpx.get(gateway.url + "/openapi.json").json()["components"]["schemas"]
+    assert schema["ScoreRequest"]["properties"]["scorer"]["enum"] == ["classify", "judge", "ocr"]
+    bodies = received(stubs)
+    judged = [b for b in bodies if "strict grader" in json.dumps(b["body"])]
+    classified = [b for b in bodies if "use_activation" in b["body"]]  # the scorer's body
+    assert judged and classified, "the fuzzer never reached the judge or classify scorer"

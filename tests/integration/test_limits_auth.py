@@ -42,6 +42,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
                              timeout=60,
                              env={"GRM_API_KEYS_FILE": str(keys),
                                   "GRM_MAX_BODY_BYTES": "200000",
+                                  "GRM_MAX_IMAGE_BYTES": "100000",
                                   "GRM_MAX_IMAGE_PIXELS": "10000",
                                   "GRM_IMAGE_URL_ALLOWLIST": "https://images.internal/"}) as gw:
             yield gw
@@ -99,7 +100,7 @@ def test_chunked_oversized_body_is_413(gateway: Proc) -> None:
     ("url", "message"),
     [
         ("http://169.254.169.254/latest/meta-data", "server-side request forgery"),
-        ("https://example.com/cat.png", "--image-url-allowlist"),
+        ("https://example.com/cat.png", "GRM_IMAGE_URL_ALLOWLIST"),
         ("data:image/png;base64,not base64!", "not valid base64"),
         (data_url(b"definitely not an image"), "cannot be decoded"),
         (data_url(png()[:40]), "cannot be decoded"),

@@ -85,7 +85,7 @@ def test_bad_images_fail_alone_with_clear_messages(two: Proc) -> None:
     results = r.json()["results"]
     assert [x["status"] for x in results] == ["ok", "error", "error", "error", "ok"]
     assert results[1]["error"].startswith("image cannot be decoded")
-    assert results[2]["error"] == "image cannot be decoded: not a known image format"
+    assert "neither a data URL nor base64" in results[2]["error"]
     assert "not a URL" in results[3]["error"]
     assert all(x["score"] is None for x in results[1:4])
     assert r.json()["fingerprint"]["errors"] == 3

@@ -130,10 +130,11 @@ def descendants(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def gateway_on_stubs(
-    tmp: Path, *args: str, count: int = 2, env: dict[str, str] | None = None
+    tmp: Path, *args: str, count: int = 2, stub_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[Proc, list[Proc]]]:
     """A gateway attached to `count` STUB backends (served model "rm"); all stopped after."""
-    stubs = [start_stub(tmp) for _ in range(count)]
+    stubs = [start_stub(tmp, *stub_args) for _ in range(count)]
     try:
         urls = [a for s in stubs for a in ("--backend-url", s.url)]
         with running_gateway(tmp, *urls, "--served-model-name", "rm", *args,
@@ -142,3 +143,12 @@ def gateway_on_stubs(
     finally:
         for stub in stubs:
             stub.stop()
+
+
+def received(stubs: list[Proc], clear: bool = False) -> list[dict[str, object]]:
+    """What the recording STUBs (`--record N`) were sent, all of them together."""
+    found: list[dict[str, object]] = []
+    for stub in stubs:
+        answer = httpx.request("DELETE" if clear else "GET", stub.url + "/stub/received")
+        found += answer.json()
+    return found

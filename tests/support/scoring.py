@@ -8,7 +8,9 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from grm_service.checkpoint import Limits, check_body
 from grm_service.fingerprint import Fingerprint, json_digest
+from grm_service.images import ImageLimits
 from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
 from grm_service.scoring.models import ScoreItem
 
@@ -32,14 +34,22 @@ def fingerprint(body: dict[str, Any], payload: dict[str, Any], replica: str = "r
                        response_digest=json_digest(payload))
 
 
+LIMITS = Limits(ImageLimits(max_bytes=1 << 20, max_pixels=1 << 20))
+
+
 class FakeBackend:
-    """A `Send` that answers chat with a canned text (or the body's last text part echoed)."""
+    """A `Send` that answers chat with a canned text (or the body's last text part echoed).
+
+    Like the gateway's own send, it passes every body through the checkpoint first; a body the
+    checkpoint refuses is not recorded in `calls`.
+    """
 
     def __init__(self, answer: str | None = None, probs: list[float] | None = None) -> None:
         self.answer, self.probs = answer, probs or [0.25]
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     async def __call__(self, path: str, body: dict[str, Any]) -> Reply:
+        check_body(path, body, LIMITS)
         self.calls.append((path, body))
         if path == CHAT_PATH:
             text = self.answer if self.answer is not None else _last_text(body)

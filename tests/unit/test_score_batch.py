@@ -6,12 +6,18 @@ from typing import Any
 
 import pytest
 
-from grm_service.errors import BackendRejected, ConfigError, ServiceUnavailable, UnknownScorer
+from grm_service.errors import (
+    BackendRejected,
+    ConfigError,
+    InvalidRequest,
+    ServiceUnavailable,
+    UnknownScorer,
+)
 from grm_service.scoring.batch import combine, score_batch
 from grm_service.scoring.context import CLASSIFY_PATH, ItemError, Reply
 from grm_service.scoring.images import to_data_url
-from grm_service.scoring.judge import JudgeOptions, parse_score
-from grm_service.scoring.models import ScoreRequest
+from grm_service.scoring.judge import JudgeOptions, parse_score, render
+from grm_service.scoring.models import ScoreItem, ScoreRequest
 from grm_service.scoring.registry import lookup, parse_spec
 from tests.support.scoring import FakeBackend, data_url, fingerprint, png
 
@@ -36,7 +42,8 @@ async def test_ocr_batch_in_order_with_a_bad_image_as_an_error_item() -> None:
     good, bad, frames = answer.results
     assert (good.status, good.score, good.response) == ("ok", 1.0, "hello")
     assert bad.status == "error" and bad.score is None
-    assert bad.error == "image cannot be decoded: not a known image format"
+    assert bad.error == ("image is neither a data URL nor base64 of a PNG, JPEG, WebP, GIF, BMP "
+                         "or TIFF")
     assert frames.response == ["hello", "hello"] and frames.score == 1.0
     assert answer.fingerprint.errors == 1 and answer.fingerprint.items == 3
 
@@ -115,11 +122,40 @@ def test_parse_score(text: str, options: dict[str, Any], expected: float) -> Non
 @pytest.mark.parametrize(
     ("text", "options", "message"),
     [("Score: 11", {}, "outside"), ("nothing", {}, "no score"),
-     ("Score: 1", {"min": 5, "max": 5}, "empty"), ("x", {"pattern": "("}, "bad judge options")],
+     ("x", {"pattern": "Score: 1"}, "no score")],
 )
 def test_parse_score_errors(text: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ItemError, match=message):
         parse_score(text, JudgeOptions.parse(options))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"min": 5, "max": 5}, "empty"), ({"pattern": "("}, "not accepted by RE2"),
+     ({"pattern": r"(a)\1"}, "backreferences"), ({"pattern": 7}, "must be a string"),
+     ({"min": "1"}, "finite number"), ({"max": float("nan")}, "finite number"),
+     ({"template": "{prompt:>100000000}"}, "format specs"),
+     ({"template": "{prompt.__class__}"}, "attribute access"),
+     ({"template": "{prompt!r}"}, "conversions"), ({"template": "{0}"}, "only"),
+     ({"template": "{prompt}{prompt}"}, "2 times"), ({"template": "{"}, "cannot be parsed"),
+     ({"template": "x" * 20000}, "the limit is"), ({"temperature": 1}, "unknown temperature")],
+)
+def test_bad_judge_options_are_invalid_requests(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        JudgeOptions.parse(options)
+
+
+def test_catastrophic_pattern_runs_in_linear_time() -> None:
+    opts = JudgeOptions.parse({"pattern": r"(?:\w|\w|\w)+!(\d)"})
+    # Python's `re` would take 3**n steps here; RE2 is linear, so this returns at once.
+    with pytest.raises(ItemError, match="no score"):
+        parse_score("a" * 50_000, opts)
+
+
+def test_template_is_filled_by_plain_substitution() -> None:
+    opts = JudgeOptions.parse({"template": "{{literal}} {min}-{max}: {prompt} / {completion}"})
+    item = ScoreItem(id="a", prompt="{max}", completion="{prompt.__class__}")
+    assert render(item, opts) == "{literal} 1-10: {max} / {prompt.__class__}"
 
 
 async def test_classify_uses_last_label_and_raw_output() -> None:
@@ -159,16 +195,27 @@ def test_unknown_scorer_and_bad_specs() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("data:image/png,AAAA", "must be base64"),
         ("https://example.com/a.png", "not a URL"),
-        ("%%%", "not valid base64"),
-        ("", "empty"),
-        (base64.b64encode(png()[:40]).decode(), "cannot be decoded"),  # truncated PNG
+        ("file:///etc/passwd", "not a URL"),
+        ("%%%", "neither a data URL nor base64"),
+        ("", "neither a data URL nor base64"),
     ],
 )
-def test_bad_images_are_named(value: str, message: str) -> None:
+def test_images_that_cannot_be_data_urls_are_named(value: str, message: str) -> None:
     with pytest.raises(ItemError, match=message):
         to_data_url(value)
+
+
+async def test_images_the_checkpoint_refuses_are_item_errors() -> None:
+    items = [{"id": "cut", "image": base64.b64encode(png()[:40]).decode(), "reference": "x"},
+             {"id": "text", "image": "data:image/png,AAAA", "reference": "x"},
+             {"id": "ok", "image": data_url(), "reference": "x"}]
+    backend = FakeBackend("x")
+    answer = await run(request("ocr", items), backend)
+    errors = [r.error for r in answer.results]
+    assert errors[0] is not None and "cannot be decoded" in errors[0]
+    assert errors[1] is not None and "must be base64" in errors[1]
+    assert errors[2] is None and len(backend.calls) == 1  # nothing refused was sent
 
 
 def test_images_keep_their_bytes_and_get_a_mime_type() -> None:

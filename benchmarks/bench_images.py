@@ -1,0 +1,188 @@
+"""Gateway CPU per image request: the image check alone, and the whole gateway on STUB replicas.
+
+Two realistic PNGs are generated (no files shipped): a 224 x 224 RGB crop of a noisy scan
+(~114 KB, the H200 OCR benchmark's size) and a grey document page at ~200 dpi with text lines
+and scanner noise (~2 MB). For each:
+
+- **check**: CPU per call, in this process, of the image check as the gateway ran it before
+  (CPython base64 with validation, then Pillow's full decode) and now
+  (`checkpoint.check_body` on the chat body: pybase64, header, framing);
+- **gateway**: CPU seconds of the gateway process (all threads, minus its idle rate) per chat
+  request carrying the image, sent one at a time over a kept-alive connection to a gateway in
+  attach mode on two STUB replicas; `--before DIR` adds the same run of the `grm_service`
+  package in DIR (e.g. a checkout of main) as the "before" column.
+
+Targets (issue: image requests cost what their bytes cost): <= 1 ms per 114 KB request and
+<= 5 ms per 2 MB request of gateway CPU.
+
+    .venv/bin/python benchmarks/bench_images.py [--before DIR] [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import io
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import procs
+
+from grm_service.checkpoint import Limits, check_body
+from grm_service.images import ImageLimits
+
+WORDS = ["invoice", "total", "amount", "2026", "page", "section", "lorem", "ipsum", "reward",
+         "model", "policy", "score", "batch", "replica", "seed", "fingerprint"]
+
+
+def scan_page(width: int, height: int, noise: float, mode: str = "L", seed: int = 0) -> bytes:
+    """A text page as a flatbed scanner gives it: dark words on paper grey, sensor noise."""
+    rng = random.Random(seed)
+    page = Image.new(mode, (width, height), 235 if mode == "L" else (235, 232, 225))
+    draw = ImageDraw.Draw(page)
+    y = 30
+    while y < height - 30:
+        x = 30
+        while x < width - 90:
+            word = rng.choice(WORDS)
+            ink = rng.randint(0, 60)
+            draw.text((x, y), word, fill=ink if mode == "L" else (ink, ink, ink + 10))
+            x += 7 * len(word) + rng.randint(6, 14)
+        y += rng.randint(14, 20)
+    grain = Image.effect_noise((width, height), 64).convert(mode)
+    scanned = Image.blend(page, grain, noise)
+    out = io.BytesIO()
+    scanned.save(out, "PNG")
+    return out.getvalue()
+
+
+def images() -> dict[str, bytes]:
+    return {"224x224 crop": scan_page(224, 224, 0.31, "RGB"),
+            "page scan": scan_page(1700, 2200, 0.025)}
+
+
+def chat_body(raw: bytes) -> dict[str, object]:
+    url = "data:image/png;base64," + base64.b64encode(raw).decode()
+    return {"model": procs.STUB_MODEL, "max_tokens": 16, "seed": 1, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                     {"type": "text", "text": "Transcribe the page."}]}]}
+
+
+def old_check(body: dict[str, object]) -> None:
+    """What the gateway did per image before: validating base64 decode, full Pillow decode."""
+    url = body["messages"][0]["content"][0]["image_url"]["url"]  # type: ignore[index]
+    data = base64.b64decode(url.partition(",")[2], validate=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+
+
+def cpu_per_call(fn: Callable[[], None], calls: int) -> float:
+    samples = []
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(calls):
+            fn()
+        samples.append((time.process_time() - start) / calls)
+    return statistics.median(samples)
+
+
+def start_gateway(f: procs.Fleet, backends: list[str], name: str, src: Path) -> procs.Proc:
+    port = procs.free_port()
+    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
+            "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
+    for url in backends:
+        argv += ["--backend-url", url]
+    # The checked-out package first; the caller's PYTHONPATH (extra dependencies) after it.
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "GRM_AUDIT_FRACTION": "0", "GRM_CANARY": "false"}
+    proc = f.spawn(name, argv, f"http://127.0.0.1:{port}", env=env)
+    procs.wait_ready(proc, "/ready")
+    return proc
+
+
+def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
+    host, port = gateway.url.rsplit("/", 1)[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    headers = {"content-type": "application/json"}
+
+    def send() -> None:
+        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        answer = conn.getresponse()
+        payload = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"gateway answered {answer.status}: {payload[:300]!r}")
+
+    for _ in range(5):  # warm-up: connections, caches
+        send()
+    idle_start, idle_cpu = time.monotonic(), gateway.cpu()
+    time.sleep(2.0)
+    idle_rate = (gateway.cpu() - idle_cpu) / (time.monotonic() - idle_start)
+    start, cpu = time.monotonic(), gateway.cpu()
+    for _ in range(requests):
+        send()
+    used = gateway.cpu() - cpu - idle_rate * (time.monotonic() - start)
+    conn.close()
+    return used / requests * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="folder holding the grm_service package to compare against")
+    parser.add_argument("--requests", type=int, default=200, help="per image (page: a quarter)")
+    args = parser.parse_args()
+    pictures = images()
+    limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
+    rows = []
+    with procs.fleet() as f:
+        stubs = [procs.start_stub(f, i) for i in range(2)]
+        urls = [s.url for s in stubs]
+        trees = {"after": procs.REPO}
+        if args.before:
+            trees = {"before": args.before.resolve(), **trees}
+        gateways = {label: start_gateway(f, urls, f"grm-{label}", src)
+                    for label, src in trees.items()}
+        for name, raw in pictures.items():
+            body = chat_body(raw)
+            encoded = json.dumps(body).encode()
+            calls = 50 if len(raw) < 500_000 else 10
+            row = {"image": name, "png_kb": len(raw) / 1000, "body_kb": len(encoded) / 1000,
+                   "check_before_ms": cpu_per_call(lambda b=body: old_check(b), calls) * 1e3,
+                   "check_after_ms": cpu_per_call(
+                       lambda b=body: check_body("/v1/chat/completions", b, limits), calls) * 1e3}
+            count = args.requests if len(raw) < 500_000 else max(20, args.requests // 4)
+            for label, gateway in gateways.items():
+                row[f"gateway_{label}_ms"] = gateway_cpu_ms(gateway, encoded, count)
+            rows.append(row)
+    print_table(rows, list(gateways))
+
+
+def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:
+    columns = ["image", "png_kb", "body_kb", "check_before_ms", "check_after_ms",
+               *[f"gateway_{label}_ms" for label in labels]]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+        print("| " + " | ".join(cells) + " |")
+    print("\ntargets: gateway CPU <= 1 ms per 114 KB request, <= 5 ms per 2 MB request")
+    print("rerun: .venv/bin/python benchmarks/bench_images.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The checkpoint's pure parts, by table: JSON shape, allow-list entries, seeds, image framing.
+
+What reaches an engine through HTTP is tested in tests/integration/test_hostile_input.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from typing import Any
+
+import pytest
+from PIL import Image
+from pydantic import ValidationError
+
+from grm_service.checkpoint import Limits, Origin, check_body, check_seed, json_shape
+from grm_service.config import Settings
+from grm_service.errors import ConfigError, ImageError, InvalidRequest, OverLimit
+from grm_service.images import ImageLimits, check_image
+
+LIMITS = Limits(ImageLimits(max_bytes=1 << 20, max_pixels=100_000))
+TRICKY = ['"', "\\", '\\"', "[[{", "]}", ",,", "\\\\", "é[", "\u2028", ""]
+
+
+def random_json(rng: random.Random, depth: int) -> Any:
+    kind = rng.randrange(5 if depth < 12 else 2)
+    if kind == 0:
+        return "".join(rng.choice(TRICKY) for _ in range(rng.randrange(4)))
+    if kind == 1:
+        return rng.choice([0, -1.5, True, None, 10**30])
+    if kind == 2:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = [rng.choice(TRICKY) + str(i) for i in range(rng.randrange(4))]
+    return {key: random_json(rng, depth + 1) for key in keys}
+
+
+def true_shape(value: Any) -> tuple[int, int]:
+    """(values and keys, depth) by walking the parsed value."""
+    if isinstance(value, list):
+        inner = [true_shape(v) for v in value]
+        return 1 + sum(n for n, _ in inner), 1 + max((d for _, d in inner), default=0)
+    if isinstance(value, dict):
+        inner = [true_shape(v) for v in value.values()]
+        return 1 + len(value) + sum(n for n, _ in inner), 1 + max((d for _, d in inner),
+                                                                  default=0)
+    return 1, 0
+
+
+@pytest.mark.parametrize("strings", ["few", "many"])
+def test_json_shape_matches_the_parsed_value(strings: str) -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        value = random_json(rng, 0)
+        if strings == "many":  # past the one-by-one string search: the split path
+            value = [["x"] * 300, value]
+        raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        values, depth = json_shape(raw)
+        true_values, true_depth = true_shape(value)
+        assert depth == true_depth, raw
+        assert true_values <= values <= 2 * true_values, raw
+
+
+@pytest.mark.parametrize(
+    "entry", ["ftp://h", "https://user@h", "https://h/?q=1", "https://h:99999", "h.example.com"]
+)
+def test_bad_allow_list_entries_fail_start_up(entry: str) -> None:
+    with pytest.raises(ConfigError):
+        Origin.parse(entry)
+
+
+@pytest.mark.parametrize("seed", [None, 0, 7, 2**63 - 1])
+def test_engine_seeds_pass(seed: Any) -> None:
+    check_seed(seed)
+
+
+@pytest.mark.parametrize("seed", [True, False, 1.0, 1.9, "1", [1], {"a": 1}, -1, 2**63])
+def test_other_seeds_are_refused(seed: Any) -> None:
+    with pytest.raises(InvalidRequest, match="seed"):
+        check_seed(seed)
+
+
+def test_caps_name_their_setting() -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(OverLimit, match="GRM_MAX_N"):
+        check_body("/v1/chat/completions", {**chat, "best_of": 17}, LIMITS)
+    with pytest.raises(InvalidRequest, match="n must be an integer"):
+        check_body("/v1/chat/completions", {**chat, "n": "2"}, LIMITS)
+    with pytest.raises(OverLimit, match="GRM_MAX_TOKENS_LIMIT"):
+        check_body("/v1/chat/completions", {**chat, "min_tokens": 10**6}, LIMITS)
+
+
+def encoded(fmt: str, size: tuple[int, int] = (300, 200)) -> bytes:
+    out = io.BytesIO()
+    Image.effect_noise(size, 40).convert("RGB").save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"])
+def test_whole_images_pass_and_truncated_ones_are_refused(fmt: str) -> None:
+    raw = encoded(fmt)
+    limits = ImageLimits(1 << 20, 100_000)
+    assert check_image(raw, limits) == fmt
+    for cut in (raw[: len(raw) // 2], raw[:-2] if fmt != "PNG" else raw[:-16]):
+        with pytest.raises(ImageError, match="cannot be decoded"):
+            check_image(cut, limits)
+
+
+def test_png_bit_flips_and_pixel_bombs_are_refused_from_the_header() -> None:
+    raw = bytearray(encoded("PNG"))
+    raw[len(raw) // 2] ^= 0xFF
+    with pytest.raises(ImageError, match="cannot be decoded"):
+        check_image(bytes(raw), ImageLimits(1 << 20, 100_000))
+    bomb = io.BytesIO()
+    Image.new("L", (20_000, 20_000)).save(bomb, "PNG")  # ~400 MP in about 0.5 MB
+    with pytest.raises(ImageError, match="limit is 100000 pixels"):
+        check_image(bomb.getvalue(), ImageLimits(1 << 20, 100_000))
+
+
+def test_formats_outside_the_list_are_refused() -> None:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, "PPM")
+    with pytest.raises(ImageError, match="not one of PNG"):
+        check_image(out.getvalue(), ImageLimits(1 << 20, 100_000))
+
+
+def test_settings_limits_must_agree() -> None:
+    with pytest.raises(ValidationError, match="cannot carry one image"):
+        Settings(model="m", max_body_bytes=1 << 20)
+    with pytest.raises(ValidationError, match="GRM_MAX_TOKENS_LIMIT"):
+        Settings(model="m", max_tokens_default=9000, max_tokens_limit=8192)
+    Settings(model="m", max_body_bytes=1 << 20, max_image_bytes=512 << 10)
