@@ -158,19 +158,25 @@ def test_verify_all_rows_complete_on_a_clean_service(two: Proc) -> None:
         assert row in result.stdout
 
 
+def audits_settled(gw: Proc, timeout: float = 600) -> dict[str, Any]:
+    """The audit report once no re-run is in flight (earlier tests' audits finish late)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        report: dict[str, Any] = httpx.get(gw.url + "/v1/audit").json()
+        if report["in_progress"] == 0:
+            return report
+        time.sleep(1)
+    raise AssertionError(f"audits still in progress: {report}")
+
+
 def test_thousand_audited_requests_zero_violations(two: Proc) -> None:
     def ask(i: int) -> None:
         post(two, request(f"audit {i}", max_tokens=1))
 
-    before = httpx.get(two.url + "/v1/audit").json()["audited"]
+    before = audits_settled(two)["audited"]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(ask, range(1000)))
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        report = httpx.get(two.url + "/v1/audit").json()
-        if report["in_progress"] == 0:
-            break
-        time.sleep(1)
+    report = audits_settled(two)
     assert report["audited"] - before == 1000, report
     assert report["violations"] == 0, report["recent_violations"][:1]
     assert report["rate_limited"] == 0
