@@ -103,7 +103,8 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
     """Serve until a signal or a fatal start-up error; the exit code says which."""
     failure: list[str] = []
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
-                            log_level=log_level, lifespan="on", timeout_graceful_shutdown=30)
+                            log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
+                            access_log=settings.access_log)
     server = DrainingServer(config, settings.drain_timeout_s)
 
     def fatal(message: str) -> None:

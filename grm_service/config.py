@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(None, description="File with one bearer key per line.")
     metrics_auth: bool = Field(False, description="Require a key for /metrics too.")
+    access_log: bool = Field(
+        False, description="One log line per request (uvicorn's access log); costs CPU."
+    )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
         description="Replica logs, temp and compile caches.",

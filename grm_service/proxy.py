@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import aiohttp
+from prometheus_client import Gauge
 
 from grm_service import checkpoint, router
 from grm_service.audit import Auditor
@@ -30,6 +30,7 @@ from grm_service.identity import PENDING, capabilities_of, describe
 from grm_service.metrics import Metrics
 from grm_service.replica_identity import ReplicaIdentity
 from grm_service.replicas import Replica, ReplicaPool
+from grm_service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Gateway:
 
     settings: Settings
     pool: ReplicaPool
-    client: aiohttp.ClientSession
+    client: Upstream
     metrics: Metrics
     auditor: Auditor | None = None
     capabilities: Capabilities = PENDING
@@ -70,6 +71,8 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self.limits = checkpoint.Limits.from_settings(self.settings)
+    # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
+    _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
 
     @property
     def inflight(self) -> int:
@@ -82,6 +85,12 @@ class Gateway:
     def settle(self, reference: ReplicaIdentity) -> None:
         self.reference = reference
         self.capabilities = capabilities_of(self.settings, reference)
+
+    def inflight_gauge(self, replica: str) -> Gauge:
+        gauge = self._gauges.get(replica)
+        if gauge is None:
+            gauge = self._gauges[replica] = self.metrics.inflight.labels(replica=replica)
+        return gauge
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,8 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
     settings = gw.settings
     if gw.queued >= settings.max_queue:
         raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
+    if replica.gate.try_acquire(alone, settings.max_inflight_per_replica):
+        return  # a free slot and nobody ahead: no queue entry, no timer
     gw.queued += 1
     try:
         async with asyncio.timeout(settings.queue_timeout_s):
@@ -164,20 +175,14 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
         gw.queued -= 1
 
 
-_JSON = {"content-type": "application/json"}
-
-
 async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[int, bytes]:
-    gauge = gw.metrics.inflight.labels(replica=replica.name)
+    gauge = gw.inflight_gauge(replica.name)
     gauge.inc()
-    timeout = aiohttp.ClientTimeout(total=gw.settings.request_timeout_s)
     try:
-        async with gw.client.post(replica.url + path, data=raw, headers=_JSON,
-                                  timeout=timeout) as response:
-            return response.status, await response.read()
+        return await gw.client.post(replica.url, path, raw)
     except TimeoutError as err:
         raise _Retryable("timeout", replica.name, "timed out") from err
-    except aiohttp.ClientError as err:
+    except OSError as err:  # refused, reset, closed early, not HTTP (ConnectionError is one)
         raise _Retryable("connection", replica.name, "connection failed",
                          f"{type(err).__name__} to {replica.url}: {err}") from err
     finally:

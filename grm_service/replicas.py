@@ -41,6 +41,7 @@ class Gate:
         self._shared = 0
         self._exclusive = False
         self._waiting_exclusive = 0
+        self._waiting = 0  # tasks inside acquire's wait, either kind
 
     @property
     def inflight(self) -> int:
@@ -49,27 +50,52 @@ class Gate:
     def _shared_free(self, capacity: int) -> bool:
         return not (self._exclusive or self._waiting_exclusive) and self._shared < capacity
 
-    async def acquire(self, exclusive: bool, capacity: int = 1 << 30) -> None:
-        async with self._cond:
-            if not exclusive:
-                await self._cond.wait_for(lambda: self._shared_free(capacity))
-                self._shared += 1
-                return
-            self._waiting_exclusive += 1
-            try:
-                await self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
-            finally:
-                self._waiting_exclusive -= 1
-                self._cond.notify_all()
+    def try_acquire(self, exclusive: bool, capacity: int = 1 << 30) -> bool:
+        """Take a free slot now, without the condition, when nobody waits ahead. The event loop
+        runs one task at a time, so the check and the take cannot interleave with another."""
+        if self._waiting:
+            return False
+        if exclusive:
+            if self._exclusive or self._shared:
+                return False
             self._exclusive = True
+            return True
+        if not self._shared_free(capacity):
+            return False
+        self._shared += 1
+        return True
+
+    async def acquire(self, exclusive: bool, capacity: int = 1 << 30) -> None:
+        if self.try_acquire(exclusive, capacity):
+            return
+        async with self._cond:
+            self._waiting += 1
+            try:
+                await self._wait(exclusive, capacity)
+            finally:
+                self._waiting -= 1
+
+    async def _wait(self, exclusive: bool, capacity: int) -> None:
+        if not exclusive:
+            await self._cond.wait_for(lambda: self._shared_free(capacity))
+            self._shared += 1
+            return
+        self._waiting_exclusive += 1
+        try:
+            await self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+        finally:
+            self._waiting_exclusive -= 1
+            self._cond.notify_all()
+        self._exclusive = True
 
     async def release(self, exclusive: bool) -> None:
-        async with self._cond:
-            if exclusive:
-                self._exclusive = False
-            else:
-                self._shared -= 1
-            self._cond.notify_all()
+        if exclusive:
+            self._exclusive = False
+        else:
+            self._shared -= 1
+        if self._waiting:  # only a waiter needs waking, and waking needs the condition's lock
+            async with self._cond:
+                self._cond.notify_all()
 
     @contextlib.asynccontextmanager
     async def slot(self, exclusive: bool, capacity: int = 1 << 30) -> AsyncIterator[None]:

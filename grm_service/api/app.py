@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +17,7 @@ from grm_service import __version__
 from grm_service.admission import Admission
 from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
 from grm_service.api.guards import Guards
+from grm_service.api.hotpath import HotPath
 from grm_service.api.middleware import MetricsMiddleware
 from grm_service.api.score_body import add_score_schema
 from grm_service.audit import Auditor
@@ -31,6 +31,7 @@ from grm_service.proxy import Gateway
 from grm_service.replica_identity import ReplicaIdentity
 from grm_service.scoring.registry import registered
 from grm_service.sources import attached_sources, local_sources
+from grm_service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,8 @@ def _lifespan(
         canary = Canary(settings, metrics) if settings.canary else None
         admission = Admission(settings, probes, canary)
         keeper, close_cluster = _keeper(settings, metrics, admission, probes)
-        # aiohttp, not httpx, for the hot path: httpcore's pool rescans every connection (some
-        # checks O(n) each) on each request, so its cost grows with concurrency.
-        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                       skip_auto_headers=("User-Agent",))
+        # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
+        client = Upstream(settings.request_timeout_s)
         auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
         gw = Gateway(settings=settings, pool=keeper.pool, client=client, metrics=metrics,
                      auditor=auditor)
@@ -137,7 +136,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(validation_body(exc), status_code=422)
 
 
-def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
+def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> HotPath:
+    """The hot routes (api/hotpath.py) in front of the FastAPI app, which serves the rest."""
     app = FastAPI(title="grm-service", version=__version__,
                   lifespan=_lifespan(settings, on_fatal))
     app.add_exception_handler(GrmError, _grm_error)
@@ -149,7 +149,7 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> FastAPI:
     app.include_router(routes_score.router)
     app.include_router(routes_integrations.router)
     _with_score_schema(app, settings)
-    return app
+    return HotPath(app, settings, lambda: app.state)
 
 
 def _with_score_schema(app: FastAPI, settings: Settings) -> None:

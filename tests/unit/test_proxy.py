@@ -111,21 +111,19 @@ def test_breaker_opens_after_threshold_and_closes_on_success() -> None:
     assert r.failures == 0
 
 
-async def test_route_skips_open_breakers_unless_all_are_open() -> None:
+def test_route_skips_open_breakers_unless_all_are_open() -> None:
     import time
-
-    import aiohttp
 
     from grm_service.metrics import Metrics
     from grm_service.proxy import Gateway, route
     from grm_service.replicas import Replica, ReplicaPool, ReplicaState
+    from grm_service.upstream import Upstream
 
     pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
-    async with aiohttp.ClientSession() as client:
-        gw = Gateway(settings=SETTINGS, capabilities=BI, pool=pool, client=client,
-                     metrics=Metrics())
-        pool.replicas[0].open_until = time.monotonic() + 60
-        assert [r.name for r in route(gw, 123)] == ["r1"]
-        assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
-        pool.replicas[1].open_until = time.monotonic() + 60
-        assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
+    gw = Gateway(settings=SETTINGS, capabilities=BI, pool=pool, client=Upstream(1.0),
+                 metrics=Metrics())
+    pool.replicas[0].open_until = time.monotonic() + 60
+    assert [r.name for r in route(gw, 123)] == ["r1"]
+    assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
+    pool.replicas[1].open_until = time.monotonic() + 60
+    assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
