@@ -126,8 +126,15 @@ def _truncates_sampling(body: dict[str, Any]) -> bool:
     return top_p is None or top_p < 1 or (top_k is not None and top_k > 0)
 
 
-# vLLM's batch invariance covers sampling, not pooling: these always run alone on a replica.
+# Pooling runs alone on a replica unless the engine profile declares it batch-invariant (an
+# engine version where that was measured) and the replica's pooling canary proved it.
 POOLING_PATHS = frozenset({"/classify", "/pooling"})
+
+
+def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> bool:
+    if mode is SerializeMode.ON:
+        return True
+    return not (caps.pooling_invariant and replica.pooling_batched)
 
 
 def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
@@ -238,10 +245,12 @@ async def forward(
     order = route(gw, router.key_of(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
-    alone = path in POOLING_PATHS or must_run_alone(body, gw.capabilities, gw.settings.serialize)
+    caps, mode = gw.capabilities, gw.settings.serialize
+    pooling = path in POOLING_PATHS
+    alone = not pooling and must_run_alone(body, caps, mode)
     errors = []
     for replica in order[: gw.settings.max_attempts]:
-        serialized = alone or replica.serialized
+        serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
         try:
             payload = await _attempt(gw, replica, path, raw, serialized)
         except _Retryable as err:

@@ -121,6 +121,7 @@ class Replica:
     pid: int | None = None
     detail: str = ""  # why the replica is not ready, when it is known
     serialized: bool = False  # forced to one request at a time (its canary failed co-batching)
+    pooling_batched: bool = False  # its pooling canary proved co-batched pooling bitwise equal
     failures: int = 0  # consecutive failed attempts (circuit breaker)
     open_until: float = 0.0  # monotonic time until which the breaker keeps traffic away
     identity: ReplicaIdentity | None = None  # what the replica itself reported at admission

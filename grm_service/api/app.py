@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from grm_service import __version__
-from grm_service.admission import Admission
+from grm_service.admission import Admission, OutputCheck
 from grm_service.api import routes_admin, routes_integrations, routes_openai, routes_score
 from grm_service.api.guards import Guards
 from grm_service.api.hotpath import HotPath
@@ -27,8 +27,10 @@ from grm_service.engines import select_engine
 from grm_service.errors import GrmError, error_body
 from grm_service.keeper import Keeper
 from grm_service.metrics import Metrics
+from grm_service.pooling_canary import PoolingCanary
 from grm_service.proxy import Gateway
 from grm_service.replica_identity import ReplicaIdentity
+from grm_service.replicas import Replica
 from grm_service.scoring.registry import registered
 from grm_service.sources import attached_sources, local_sources
 from grm_service.upstream import Upstream
@@ -51,6 +53,21 @@ def _keeper(settings: Settings, metrics: Metrics, admission: Admission,
         cluster = RayCluster(settings, engine)
         return Keeper(settings, metrics, cluster.sources(), admission, client), cluster.close
     return Keeper(settings, metrics, local_sources(engine), admission, client), None
+
+
+def _output_checks(settings: Settings, metrics: Metrics) -> OutputCheck | None:
+    """The canary, then the pooling canary (which proves only what the engine profile claims)."""
+    if not settings.canary:
+        return None
+    checks: list[OutputCheck] = [Canary(settings, metrics), PoolingCanary(settings, metrics)]
+
+    async def run(replica: Replica, client: httpx.AsyncClient) -> str | None:
+        for check in checks:
+            if problem := await check(replica, client):
+                return problem
+        return None
+
+    return run
 
 
 def _settled(gw: Gateway, reference: ReplicaIdentity) -> None:
@@ -83,8 +100,7 @@ def _lifespan(
         log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
         metrics = Metrics()
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
-        canary = Canary(settings, metrics) if settings.canary else None
-        admission = Admission(settings, probes, canary)
+        admission = Admission(settings, probes, _output_checks(settings, metrics))
         keeper, close_cluster = _keeper(settings, metrics, admission, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
         client = Upstream(settings.request_timeout_s)

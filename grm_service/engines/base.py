@@ -22,11 +22,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Capabilities:
     """`batch_invariant`: requests may share a batch and still get the same bits.
-    `sampling_invariant`: that also holds for top_p < 1 / top_k sampling."""
+    `sampling_invariant`: that also holds for top_p < 1 / top_k sampling.
+    `pooling_invariant`: and for pooling (/classify, /pooling), on an engine version where that
+    was measured; each replica must still pass the pooling canary before it co-batches them."""
 
     batch_invariant: bool
     sampling_invariant: bool
     note: str
+    pooling_invariant: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,17 @@ def _sampling_invariant(version: str, env: Mapping[str, str]) -> bool:
     return path is not None or mode == vllm_plugin.Mode.FORCE.value
 
 
+# vLLM releases whose pooling outputs were measured bitwise identical under VLLM_BATCH_INVARIANT=1
+# whether a request ran alone, co-batched, or shuffled among others (H200, 1.5B-shaped
+# Qwen2ForSequenceClassification: benchmarks/gpu/RESULTS.md). Others keep pooling serialized.
+POOLING_INVARIANT_VERSIONS = frozenset({"0.25.0"})
+
+
+def _pooling_invariant(version: str, env: Mapping[str, str]) -> bool:
+    return (env.get("VLLM_BATCH_INVARIANT") == "1"
+            and version.split("+", 1)[0] in POOLING_INVARIANT_VERSIONS)
+
+
 class VllmGpu(Engine):
     name = "vllm"
     distribution = "vllm"
@@ -30,13 +41,20 @@ class VllmGpu(Engine):
     def capabilities(
         self, version: str | None = None, env: Mapping[str, str] | None = None
     ) -> Capabilities:
+        # Pooling reads the replica's env as reported (its identity), else what this profile
+        # gives a replica: the deterministic contract, then the user's engine env on top.
+        child = env if env is not None else {**self.deterministic_env(),
+                                             **self.settings.engine_env}
         if env is None:
             env = {**os.environ, **self.settings.engine_env}
-        sampling = _sampling_invariant(version or self.version(), env)
+        version = version or self.version()
+        sampling = _sampling_invariant(version, env)
         note = "VLLM_BATCH_INVARIANT=1: co-batched requests get the same bits"
         if not sampling:
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
-        return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note)
+        pooling = _pooling_invariant(version, child)
+        return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note,
+                            pooling_invariant=pooling)
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         model = self.settings.model
