@@ -1,0 +1,426 @@
+"""The gateway's cost on a real GPU replica: direct vs through grm-service, same replica, same run.
+
+Starts `grm-service serve --engine vllm` for a Qwen2-VL model (one deterministic replica: batch
+invariance, the vLLM plugin, the canary) and, with `--cls`, a second one for a sequence classifier
+plus a gateway attached to that classifier with `--serialize on` (how every /classify ran before
+pooling could be co-batched). Then, 4 interleaved rounds each (order alternated, medians):
+
+  ocr    256 concurrent OCR requests (224x224 PNG, ~114 KB body) x 128 tokens
+  judge  1,024 short judge requests x 4 tokens, 256 in flight
+  token  per-token latency, one request at a time x 128 tokens, direct and gateway alternating
+  cls    /classify: 64 texts alone / all at once / shuffled among 192 others / serialized
+         gateway / direct (bitwise), and 512 requests at 256 in flight (throughput)
+
+Gateway CPU per request is the gateway process's own utime+stime (its replica is a child and is
+not counted). Writes one JSON (--out) and prints the tables.
+
+    python3 benchmarks/gpu/bench_gateway_gpu.py --vl /tmp/models/vl --cls /tmp/models/cls \
+        --out $OUT/gpu-gateway.json
+    python3 benchmarks/gpu/bench_gateway_gpu.py --stub --out /tmp/gpu-dry.json   # CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+LOGS = Path(os.environ.get("GRM_GPU_LOG_DIR", "/tmp/grm-gpu-gw"))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str
+
+    def tail(self, n: int = 40) -> str:
+        lines = (LOGS / f"{self.name}.log").read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[Proc]]:
+    procs: list[Proc] = []
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.popen.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+
+
+def spawn(procs: list[Proc], name: str, argv: list[str], port: int) -> Proc:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with (LOGS / f"{name}.log").open("wb") as log:
+        # cwd outside any checkout: `python -m` puts cwd first on sys.path, where another
+        # grm_service would shadow the one on PYTHONPATH.
+        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=LOGS,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = Proc(name, popen, f"http://127.0.0.1:{port}")
+    procs.append(proc)
+    return proc
+
+
+def gateway(procs: list[Proc], name: str, args: list[str], engine_args: list[str]) -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
+            "--work-dir", str(LOGS / f"work-{name}"), "--log-level", "info", *args]
+    return spawn(procs, name, argv + (["--", *engine_args] if engine_args else []), port)
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+    except (OSError, ValueError):
+        return 0, None
+
+
+def wait_ready(procs: list[Proc], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        for p in list(pending):
+            if p.popen.poll() is not None:
+                raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
+            status, body = get_json(p.url + "/ready")
+            states = {r["state"] for r in (body or {}).get("replicas", [])}
+            if status == 200 and states <= {"ready"}:
+                print(f"{p.name} ready after {time.monotonic() - START:.0f} s", flush=True)
+                pending.remove(p)
+        time.sleep(1)
+    if pending:
+        raise RuntimeError(f"not ready in {timeout:.0f} s: {pending[0].name}\n{pending[0].tail()}")
+
+
+def replica_url(gw: Proc) -> str:
+    return str(get_json(gw.url + "/ready")[1]["replicas"][0]["url"])
+
+
+# ---- requests -------------------------------------------------------------------------------
+
+def ocr_image(index: int) -> str:
+    """224x224 PNG: three lines of text on a noisy page (noise keeps PNG from compressing it to
+    nothing, as a scan's grain does): ~80 KB, ~110 KB as base64 in the body."""
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(index)
+    img = Image.frombytes("L", (224, 224), bytes(rng.randrange(200, 256) for _ in range(224 * 224)))
+    img = img.convert("RGB")
+    draw = ImageDraw.Draw(img)
+    for line in range(3):
+        draw.text((10, 40 + 50 * line), f"Invoice {index}-{line}: {rng.randrange(10**6)}",
+                  fill=(0, 0, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def ocr_bodies(model: str, n: int, images: int = 16) -> list[dict[str, Any]]:
+    urls = [ocr_image(i) for i in range(images)]
+    return [{"model": model, "seed": 1000 + i, "temperature": 0.7, "top_p": 0.8,
+             "max_tokens": 128, "ignore_eos": True,
+             "messages": [{"role": "user", "content": [
+                 {"type": "image_url", "image_url": {"url": urls[i % images]}},
+                 {"type": "text", "text": "Transcribe the text in this image."}]}]}
+            for i in range(n)]
+
+
+def judge_bodies(model: str, n: int, tokens: int) -> list[dict[str, Any]]:
+    return [{"model": model, "seed": 5000 + i, "temperature": 0.7, "top_p": 0.8,
+             "max_tokens": tokens, "ignore_eos": True,
+             "messages": [{"role": "user", "content": f"Question {i}: is answer {i * 7 % 13} "
+                           "correct? Reply yes or no."}]}
+            for i in range(n)]
+
+
+def cls_texts(n: int, tag: str) -> list[str]:
+    return [f"{tag} {i}: " + " ".join(f"w{(i * 13 + j) % 89}" for j in range(8 + (i * 37) % 200))
+            for i in range(n)]
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(url, json=body) as r:
+        payload: dict[str, Any] = await r.json(content_type=None)
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {str(payload)[:300]}")
+        return payload
+
+
+async def fan_out(session: aiohttp.ClientSession, url: str, bodies: list[dict[str, Any]],
+                  in_flight: int) -> list[dict[str, Any]]:
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(body: dict[str, Any]) -> dict[str, Any]:
+        async with gate:
+            return await post(session, url, body)
+
+    return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # base URL
+    pid: int | None  # gateway pid whose CPU is counted
+
+
+async def timed(session: aiohttp.ClientSession, target: Target, route: str,
+                bodies: list[dict[str, Any]], in_flight: int) -> dict[str, float]:
+    cpu0 = cpu_s(target.pid) if target.pid else 0.0
+    t0 = time.perf_counter()
+    await fan_out(session, target.url + route, bodies, in_flight)
+    seconds = time.perf_counter() - t0
+    cpu = (cpu_s(target.pid) - cpu0) if target.pid else 0.0
+    return {"seconds": seconds, "rps": len(bodies) / seconds,
+            "cpu_ms_per_req": cpu / len(bodies) * 1e3}
+
+
+async def rounds(session: aiohttp.ClientSession, paths: list[Target], route: str,
+                 bodies: list[dict[str, Any]], in_flight: int, n: int) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {p.name: [] for p in paths}
+    for rnd in range(n):
+        for p in (paths if rnd % 2 == 0 else paths[::-1]):
+            res = await timed(session, p, route, bodies, in_flight)
+            out[p.name].append(res)
+            print(f"  round {rnd} {p.name:<10} {res['rps']:8.1f} req/s  "
+                  f"{res['cpu_ms_per_req']:.2f} ms CPU/req", flush=True)
+    return out
+
+
+async def token_latency(session: aiohttp.ClientSession, paths: list[Target], model: str,
+                        n: int, tokens: int) -> dict[str, list[float]]:
+    bodies = judge_bodies(model, n, tokens)
+    out: dict[str, list[float]] = {p.name: [] for p in paths}
+    for i, body in enumerate(bodies):
+        for p in (paths if i % 2 == 0 else paths[::-1]):
+            t0 = time.perf_counter()
+            await post(session, p.url + "/v1/chat/completions", body)
+            out[p.name].append((time.perf_counter() - t0) / tokens * 1e3)
+    return out
+
+
+# ---- classify (pooling) ---------------------------------------------------------------------
+
+def probs(payload: dict[str, Any]) -> str:
+    return json.dumps([d.get("probs") for d in payload["data"]])
+
+
+async def classify_checks(session: aiohttp.ClientSession, batched: Target, serial: Target,
+                          direct: Target, model: str) -> dict[str, Any]:
+    texts = cls_texts(64, "text")
+    bodies = [{"model": model, "input": t} for t in texts]
+    filler = [{"model": model, "input": t} for t in cls_texts(192, "filler")]
+    route = "/classify"
+    alone = [probs(await post(session, batched.url + route, b)) for b in bodies]
+    at_once = [probs(p) for p in await fan_out(session, batched.url + route, bodies, 64)]
+    mixed_bodies = bodies + filler
+    order = list(range(len(mixed_bodies)))
+    random.Random(7).shuffle(order)
+    mixed_out = await fan_out(session, batched.url + route, [mixed_bodies[i] for i in order], 256)
+    by_index = {i: probs(p) for i, p in zip(order, mixed_out, strict=True)}
+    mixed = [by_index[i] for i in range(len(bodies))]
+    one_list = await post(session, direct.url + route, {"model": model, "input": texts})
+    as_list = [json.dumps([d["probs"]]) for d in one_list["data"]]
+    serial_out = [probs(p) for p in await fan_out(session, serial.url + route, bodies, 64)]
+    direct_out = [probs(p) for p in await fan_out(session, direct.url + route, bodies, 64)]
+    sample = await post(session, batched.url + route, bodies[0])
+    diff = {name: sum(a != b for a, b in zip(alone, got, strict=True))
+            for name, got in [("at_once", at_once), ("shuffled_in_256", mixed),
+                              ("one_list_request_direct", as_list),
+                              ("serialized_gateway", serial_out),
+                              ("direct_at_once", direct_out)]}
+    print(f"  classify: of 64, differing from alone: {diff}", flush=True)
+    return {"differ_of_64": diff, "fingerprint_serialized": sample["grm_fingerprint"]["serialized"]}
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+def med(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def table(title: str, res: dict[str, list[dict[str, float]]], base: str) -> str:
+    lines = [f"\n{title}", "| path | req/s median [min-max] | x " + base +
+             " | gateway CPU ms/req median |", "|---|---|---|---|"]
+    for name, runs in res.items():
+        rps = [r["rps"] for r in runs]
+        lines.append(f"| {name} | {statistics.median(rps):.1f} [{min(rps):.1f}-{max(rps):.1f}] "
+                     f"| {med(runs, 'rps') / med(res[base], 'rps'):.3f} "
+                     f"| {med(runs, 'cpu_ms_per_req'):.2f} |")
+    return "\n".join(lines)
+
+
+START = time.monotonic()
+
+
+async def measure(args: argparse.Namespace, vl: Proc | None, cls: tuple[Proc, Proc] | None,
+                  vl_model: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    # Idle connections are closed before the servers' own 5 s keep-alive timeout would: a POST
+    # on a connection the server is closing fails, and aiohttp does not resend a POST.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if vl is not None:
+            await measure_vl(args, session, vl, vl_model, result)
+        if cls is not None:
+            await measure_cls(args, session, cls, result)
+    return result
+
+
+async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, vl: Proc,
+                     vl_model: str, result: dict[str, Any]) -> None:
+    paths = [Target("direct", replica_url(vl), None), Target("gateway", vl.url, vl.popen.pid)]
+    chat = "/v1/chat/completions"
+    ocr = ocr_bodies(vl_model, args.ocr)
+    result["ocr_body_bytes"] = len(json.dumps(ocr[0]))
+    print(f"OCR body {result['ocr_body_bytes']} bytes; warm-up", flush=True)
+    for p in paths:
+        await fan_out(session, p.url + chat, ocr[:32], 32)
+        await fan_out(session, p.url + chat, judge_bodies(vl_model, 64, 4), 64)
+    print(f"ocr: {args.ocr} concurrent x 128 tokens", flush=True)
+    result["ocr"] = await rounds(session, paths, chat, ocr, args.ocr, args.rounds)
+    print(f"judge: {args.judge} requests x 4 tokens, 256 in flight", flush=True)
+    judge = judge_bodies(vl_model, args.judge, 4)
+    result["judge"] = await rounds(session, paths, chat, judge, 256, args.rounds)
+    print("token latency: one at a time x 128 tokens", flush=True)
+    result["token_ms"] = await token_latency(session, paths, vl_model, args.token_requests,
+                                             128)
+
+
+async def measure_cls(args: argparse.Namespace, session: aiohttp.ClientSession,
+                      cls: tuple[Proc, Proc], result: dict[str, Any]) -> None:
+    batched_gw, serial_gw = cls
+    cpaths = [Target("co-batched", batched_gw.url, batched_gw.popen.pid),
+              Target("serialized", serial_gw.url, serial_gw.popen.pid),
+              Target("direct", replica_url(batched_gw), None)]
+    print("classify: bitwise checks", flush=True)
+    result["cls_bitwise"] = await classify_checks(session, *cpaths[:2], cpaths[2], "cls")
+    bodies = [{"model": "cls", "input": t} for t in cls_texts(args.cls_n, "load")]
+    print(f"classify: {args.cls_n} requests, 256 in flight", flush=True)
+    result["cls"] = await rounds(session, cpaths, "/classify", bodies, 256,
+                                 args.cls_rounds)
+
+
+def report(result: dict[str, Any]) -> str:
+    out = []
+    if "ocr" in result:
+        out += [table("OCR, 256 concurrent x 128 tokens", result["ocr"], "direct"),
+                table("judge, 1,024 x 4 tokens, 256 in flight", result["judge"], "direct"),
+                "\nper-token latency, one request at a time (ms/token)",
+                "| path | median | p90 |", "|---|---|---|"]
+        for name, xs in result["token_ms"].items():
+            xs = sorted(xs)
+            p90 = xs[int(0.9 * (len(xs) - 1))]
+            out.append(f"| {name} | {statistics.median(xs):.3f} | {p90:.3f} |")
+    if "cls" in result:
+        out.append(table("classify, 256 in flight", result["cls"], "serialized"))
+        out.append(f"\nclassify bitwise: {json.dumps(result['cls_bitwise'])}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vl", default="/tmp/models/vl")
+    parser.add_argument("--cls", default="", help="classifier model folder (goal: pooling)")
+    parser.add_argument("--mem", default="0.40", help="GPU memory share of the VL replica")
+    parser.add_argument("--cls-mem", default="0.20")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--ocr", type=int, default=256)
+    parser.add_argument("--judge", type=int, default=1024)
+    parser.add_argument("--token-requests", type=int, default=8)
+    parser.add_argument("--cls-n", type=int, default=512)
+    parser.add_argument("--cls-rounds", type=int, default=3)
+    parser.add_argument("--ready-timeout", type=float, default=420)
+    parser.add_argument("--stub", action="store_true", help="dry run on CPU stub replicas")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    with processes() as procs:
+        if args.stub:
+            port = free_port()
+            stub = spawn(procs, "stub", [sys.executable, str(HERE.parent / "stub_server.py"),
+                                         "--port", str(port)], port)
+            time.sleep(2)
+            vl = gateway(procs, "gw-vl", ["--backend-url", stub.url, "--served-model-name",
+                                          "rm"], [])
+            model, cls = "rm", None
+        else:
+            common = ["--engine", "vllm", "--dtype", "bfloat16", "--max-model-len", "4096"]
+            vl_args = [*common, "--model", args.vl, "--served-model-name", "vl"]
+            vl_engine = ["--gpu-memory-utilization", args.mem, "--max-num-seqs", "256",
+                         "--generation-config", "vllm", "--limit-mm-per-prompt", '{"image": 1}']
+            vl = gateway(procs, "gw-vl", vl_args, vl_engine) if args.vl else None
+            model, cls = "vl", None
+            if args.cls:
+                cgw = gateway(procs, "gw-cls", [*common, "--model", args.cls,
+                                                "--served-model-name", "cls"],
+                              ["--gpu-memory-utilization", args.cls_mem,
+                               "--max-num-seqs", "256"])
+        try:
+            wait_ready([p for p in procs if p.name.startswith("gw-")], args.ready_timeout)
+        except RuntimeError:
+            for log in LOGS.glob("work-*/*/replica.log"):  # the engine's own reason
+                print(f"=== {log}\n" + "\n".join(log.read_text(errors="replace")
+                                                   .splitlines()[-60:]), flush=True)
+            raise
+        if args.cls and not args.stub:
+            serial = gateway(procs, "gw-cls-serial", ["--backend-url", replica_url(cgw),
+                                                      "--served-model-name", "cls",
+                                                      "--serialize", "on"], [])
+            wait_ready([serial], 120)
+            cls = (cgw, serial)
+        result = asyncio.run(measure(args, vl, cls, model))
+        result["loadavg"] = os.getloadavg()
+        result["argv"] = " ".join(sys.argv)
+        for p in procs:
+            if p.name.startswith("gw-"):
+                result[f"ready_{p.name}"] = get_json(p.url + "/ready")[1]
+        args.out.write_text(json.dumps(result, indent=1))
+        print(report(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
