@@ -104,7 +104,9 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
     failure: list[str] = []
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
-                            access_log=settings.access_log)
+                            access_log=settings.access_log,
+                            # X-Forwarded-For only changes the client address the access log shows.
+                            proxy_headers=settings.access_log)
     server = DrainingServer(config, settings.drain_timeout_s)
 
     def fatal(message: str) -> None:

@@ -4,8 +4,8 @@ The conversation is `extra["messages"]` when given, else the item's prompt and c
 user and an assistant turn. Options: `output` = `prob` (the last label's probability, default)
 or `raw` (the last label's raw output, i.e. the reward head's value), `label` (index, default -1).
 
-vLLM's batch invariance does not cover pooling, so the gateway always runs these requests alone
-on their replica (see `proxy.POOLING_PATHS`); serve such models with `--max-num-seqs 1` too.
+The gateway runs these requests alone on their replica unless the engine profile declares pooling
+batch-invariant and the replica passed the pooling canary (see `proxy.pooling_alone`).
 """
 
 from __future__ import annotations

@@ -123,3 +123,27 @@ def test_failover_to_the_other_replica_then_503(tmp: Path) -> None:
         r = chat(gw, seed=1)
         assert r.status_code in (502, 503), r.text
         assert r.headers.get("retry-after")
+
+
+def test_hot_path_and_fastapi_path_agree_bitwise(gateway: Proc) -> None:
+    """`max_tokens: 8.0` and `temperature: "0.5"` are left to FastAPI + pydantic (which coerce
+    them); the plain spelling takes the hot path. Both must forward the same bytes: same request
+    digest, same replica, same answer."""
+    plain = chat(gateway, max_tokens=8, temperature=0.5)
+    coerced = chat(gateway, max_tokens=8.0, temperature="0.5")
+    assert plain.status_code == coerced.status_code == 200, coerced.text
+    for header in ("x-grm-request-digest", "x-grm-replica", "x-grm-response-digest"):
+        assert plain.headers[header] == coerced.headers[header]
+    assert plain.json()["choices"] == coerced.json()["choices"]
+
+
+def test_no_access_log_by_default_and_one_line_per_request_with_the_flag(
+    gateway: Proc, stubs: list[Proc], tmp: Path
+) -> None:
+    chat(gateway)
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' not in gateway.log.read_text()
+    urls = [a for s in stubs for a in ("--backend-url", s.url)]
+    with running_gateway(tmp, *urls, "--served-model-name", "rm", timeout=60,
+                         env={"GRM_ACCESS_LOG": "1"}) as logged:
+        assert chat(logged).status_code == 200
+        assert '"POST /v1/chat/completions HTTP/1.1" 200' in logged.log.read_text()
