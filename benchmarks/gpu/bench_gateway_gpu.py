@@ -414,7 +414,7 @@ def main() -> None:
             cls = (cgw, serial)
         result = asyncio.run(measure(args, vl, cls, model))
         result["loadavg"] = os.getloadavg()
-        result["argv"] = " ".join(sys.argv)
+        result["argv"] = " ".join(["bench_gateway_gpu.py", *sys.argv[1:]])
         for p in procs:
             if p.name.startswith("gw-"):
                 result[f"ready_{p.name}"] = get_json(p.url + "/ready")[1]
