@@ -37,7 +37,8 @@ class _Target:
     host: str
     port: int
     tls: bool
-    authority: bytes  # the Host header's value
+    authority: str  # the Host header's value
+    prefix: str  # a replica behind a path (an ingress's /vllm): its routes live under it
 
     @classmethod
     def parse(cls, base_url: str) -> _Target:
@@ -46,10 +47,10 @@ class _Target:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        return cls(parts.hostname, port, tls, parts.netloc.encode())
+        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"))
 
     def head(self, path: str, length: int) -> bytes:
-        return (f"POST {path} HTTP/1.1\r\nHost: {self.authority.decode()}\r\n"
+        return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
 
 

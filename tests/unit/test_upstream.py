@@ -33,6 +33,7 @@ class Server:
     close_after: bool = False  # close each connection once it answered
     connections: int = 0
     bodies: list[bytes] = field(default_factory=list)
+    targets: list[bytes] = field(default_factory=list)  # request paths as received
     url: str = ""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -40,6 +41,7 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.targets.append(head.split(b" ")[1])
                 length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length"))
                 body = await reader.readexactly(length)
@@ -143,4 +145,13 @@ async def test_large_body_arrives_whole(serve: Serve) -> None:
     big = b'"' + b"a" * (3 << 20) + b'"'
     assert await pool.post(srv.url, "/p", big) == (200, b'{"n":%d}' % len(big))
     assert srv.bodies[-1] == big
+    await pool.close()
+
+
+async def test_replica_behind_a_path_prefix(serve: Serve) -> None:
+    srv = await serve(lambda body: ok(b"{}"))
+    pool = Upstream(5.0)
+    await pool.post(srv.url + "/vllm/", "/v1/chat/completions", b"{}")
+    await pool.post(srv.url, "/classify", b"{}")
+    assert srv.targets == [b"/vllm/v1/chat/completions", b"/classify"]
     await pool.close()
