@@ -14,6 +14,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from grm_service.api.app import create_app
+from grm_service.api.hotserver import hot_protocol
 from grm_service.commands.backend import exec_backend, replica_spec
 from grm_service.commands.demo import demo_command
 from grm_service.commands.score import score_command
@@ -106,7 +107,8 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
                             access_log=settings.access_log,
                             # X-Forwarded-For only changes the client address the access log shows.
-                            proxy_headers=settings.access_log)
+                            proxy_headers=settings.access_log,
+                            http=hot_protocol(settings.max_body_bytes))
     server = DrainingServer(config, settings.drain_timeout_s)
 
     def fatal(message: str) -> None:

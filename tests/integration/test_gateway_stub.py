@@ -147,3 +147,68 @@ def test_no_access_log_by_default_and_one_line_per_request_with_the_flag(
                          env={"GRM_ACCESS_LOG": "1"}) as logged:
         assert chat(logged).status_code == 200
         assert '"POST /v1/chat/completions HTTP/1.1" 200' in logged.log.read_text()
+
+
+def _raw_exchange(gateway: Proc, data: bytes, responses: int) -> list[tuple[bytes, bytes]]:
+    """Send raw bytes on one connection; read `responses` answers as (head, body)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(gateway.url)
+    out: list[tuple[bytes, bytes]] = []
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(data)
+        buf = b""
+        while len(out) < responses:
+            while b"\r\n\r\n" not in buf:
+                chunk = sock.recv(65536)
+                assert chunk, f"connection closed after {len(out)} answers"
+                buf += chunk
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            while len(buf) < length:
+                chunk = sock.recv(65536)
+                assert chunk, "connection closed mid-body"
+                buf += chunk
+            out.append((head, buf[:length]))
+            buf = buf[length:]
+        if responses and b"connection: close" in out[-1][0].lower():
+            assert sock.recv(1) == b"", "the server closes after `connection: close`"
+    return out
+
+
+def _post(body: dict[str, object], version: str = "1.1") -> bytes:
+    import json
+
+    raw = json.dumps(body).encode()
+    return (f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
+
+
+def test_pipelined_requests_are_answered_in_order(gateway: Proc) -> None:
+    import json
+
+    bodies = [{"messages": MSGS, "seed": seed} for seed in (1, 2, 3)]
+    expected = [chat(gateway, seed=seed).headers["x-grm-request-digest"] for seed in (1, 2, 3)]
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = _raw_exchange(gateway, _post(bodies[0]) + health + _post(bodies[1])
+                            + _post(bodies[2]), 4)
+    digests = [json.loads(body)["grm_fingerprint"]["request_digest"]
+               for i, (_, body) in enumerate(answers) if i != 1]
+    assert digests == expected
+    assert json.loads(answers[1][1]) == {"status": "ok"}
+
+
+def test_http_1_0_gets_one_answer_and_a_close(gateway: Proc) -> None:
+    [(head, body)] = _raw_exchange(gateway, _post({"messages": MSGS}, "1.0"), 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
+    assert b"grm_fingerprint" in body
+
+
+def test_chunked_body_is_served_too(gateway: Proc) -> None:
+    r = httpx.post(gateway.url + "/v1/chat/completions", timeout=30,
+                   content=iter([b'{"messages": [{"role": "user", ', b'"content": "hello"}]}']),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-grm-request-digest"] == chat(gateway).headers["x-grm-request-digest"]
