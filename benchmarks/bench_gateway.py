@@ -52,7 +52,10 @@ class Run:
 class Contender:
     name: str
     urls: list[str]
-    proc: procs.Proc | None  # None: direct to the stubs
+    procs: list[procs.Proc]  # none: direct to the stubs
+
+    def cpu(self) -> float:
+        return sum(p.cpu() for p in self.procs)
 
 
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path]) -> Contender:
@@ -64,15 +67,22 @@ def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, P
     for vname, src in variants.items():
         starters[vname] = lambda vname=vname, src=src: procs.start_grm(f, backends, vname, src)
     proc = starters[name]()
-    return Contender(name, [proc.url], proc)
+    return Contender(name, [proc.url], [proc])
+
+
+def _start_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
+    """N independent gateways on the same stubs, load split over them: what N processes give
+    (an upper bound: each has its own replica gates, not one shared set)."""
+    started = [procs.start_grm(f, backends, f"grm-service-w{i}") for i in range(n)]
+    return Contender(f"grm-service-x{n}", [p.url for p in started], started)
 
 
 def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
-    proxy0 = c.proc.cpu() if c.proc else 0.0
+    proxy0 = c.cpu()
     stub0 = sum(s.cpu() for s in stubs)
     res = loadgen.run_split(c.urls, load)
     n = max(res.requests, 1)
-    proxy = (c.proc.cpu() - proxy0) if c.proc else 0.0
+    proxy = c.cpu() - proxy0
     stub = sum(s.cpu() for s in stubs) - stub0
     return Run(rnd, load.connections, c.name, res.rps, res.pct_ms(50), res.pct_ms(90),
                res.pct_ms(99), res.errors, res.requests, proxy / n * 1e6, stub / n * 1e6,
@@ -142,6 +152,8 @@ def main() -> None:
                         default=["direct", "grm-service", "vllm-router", "smg"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run grm-service imported from DIR/grm_service")
+    parser.add_argument("--workers", type=int, nargs="*", default=[], metavar="N",
+                        help="also run N independent grm-service processes, load split")
     parser.add_argument("--out", default="gateway")
     parser.add_argument("--resummarize", type=Path, default=None, metavar="JSON",
                         help="only rebuild the tables of an earlier run's JSON")
@@ -157,7 +169,7 @@ def main() -> None:
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
         backends = [s.url for s in stubs]
-        contenders = [Contender("direct", backends, None)] if "direct" in names else []
+        contenders = [Contender("direct", backends, [])] if "direct" in names else []
         for name in names:
             if name == "direct":
                 continue
@@ -166,6 +178,8 @@ def main() -> None:
             except (RuntimeError, OSError) as err:
                 failed[name] = str(err)[-1500:]
                 print(f"!! {name} did not start: {failed[name]}", file=sys.stderr)
+        for n in args.workers:
+            contenders.append(_start_workers(f, n, backends))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
             for conc in args.concurrency:
@@ -177,7 +191,7 @@ def main() -> None:
                     print(f"round {rnd} c={conc:<4} {c.name:<14} {run.rps:>8.0f} req/s "
                           f"p50 {run.p50_ms:8.3f} p99 {run.p99_ms:9.3f} ms  "
                           f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
-    present = [c for c in names if c not in failed]
+    present = [c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
     table = summarize(runs, present)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
