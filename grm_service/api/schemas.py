@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
 _INT64 = 2**63 - 1
 
@@ -16,8 +16,9 @@ class ChatCompletionRequest(BaseModel):
 
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
-    # Strict: `true` or "7" would be forwarded as 1 or 7 while the client believes it sent them.
-    seed: StrictInt | None = Field(None, ge=0, le=_INT64)
+    # Not coerced here (`true` or "7" would be forwarded as 1 or 7 while the client believes it
+    # sent them): the checkpoint checks every seed that enters, chat's too, with one 400 message.
+    seed: Any = Field(None, description=f"An integer in [0, {_INT64}] (else 400).")
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
