@@ -305,3 +305,69 @@ def test_entrypoint_healthcheck_fails_when_nothing_listens(fake_cli: Path) -> No
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     assert entry("healthcheck", path=fake_cli, GRM_PORT=str(port)).returncode == 1
+
+
+# --- one container per replica (deploy/docker-compose.replicas.yml) and the CI stack ---------
+
+REPLICAS = DEPLOY / "docker-compose.replicas.yml"
+CI_OVERRIDE = ROOT / "tests/compose/compose.ci.yml"
+ENGINE_SETTINGS = ("GRM_MODEL", "GRM_SERVED_MODEL_NAME", "GRM_SEED", "GRM_DTYPE", "GRM_ENGINE_ARGS")
+
+
+def rendered(*files: Path, env: dict[str, str]) -> dict[str, Any]:
+    args = [arg for f in files for arg in ("-f", str(f))]
+    result = subprocess.run([compose_binary(), *args, "--profile", "cpu", "config", "--format",
+                             "json"], env=env, capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    services: dict[str, Any] = json.loads(result.stdout)["services"]
+    return services
+
+
+def test_replicas_overlay_attaches_the_gateway_to_one_container_per_replica() -> None:
+    env = compose_env(GRM_SEED="7", GRM_ENGINE_ARGS="--enforce-eager")
+    services = rendered(COMPOSE, REPLICAS, env=env)
+    replicas = sorted(s for s in services if s.startswith("replica-cpu-"))
+    assert set(services) == {"gateway-cpu", "prometheus", "grafana", *replicas}
+    assert len(replicas) >= 2
+    gateway = services["gateway-cpu"]
+    urls = gateway["environment"]["GRM_BACKEND_URLS"].split(",")
+    assert urls == [f"http://{name}:8000" for name in replicas]
+    assert gateway["depends_on"] == {name: {"condition": "service_healthy", "required": True}
+                                     for name in replicas}
+    for name in replicas:
+        replica = services[name]
+        assert replica["command"] == ["backend"] and "ports" not in replica
+        assert replica["restart"] == "unless-stopped"
+        assert replica["healthcheck"]["test"] == ["CMD", "grm-entrypoint", "healthcheck"]
+        # Attach mode refuses a replica whose engine differs; the settings must come from one
+        # source, and the seed is also every request's.
+        for key in ENGINE_SETTINGS:
+            assert replica["environment"][key] == gateway["environment"][key], (name, key)
+        assert {v["target"] for v in replica["volumes"]} == {"/models", "/cache"}
+    assert len({services[n]["environment"]["GRM_WORK_DIR"] for n in replicas}) == len(replicas)
+
+
+def test_ci_stack_parks_grafana_and_pulls_nothing() -> None:
+    services = rendered(COMPOSE, REPLICAS, CI_OVERRIDE, env=compose_env())
+    assert set(services) == {"gateway-cpu", "prometheus", "replica-cpu-0", "replica-cpu-1"}
+    assert all(s["pull_policy"] == "never" for s in services.values())
+    # The real file is untouched by the override: still the published Prometheus image.
+    assert rendered(COMPOSE, env=compose_env())["prometheus"]["image"].startswith("prom/")
+
+
+def test_ci_stack_scripts_pass_shellcheck_and_hadolint() -> None:
+    script = subprocess.run([tool("shellcheck"), str(ROOT / "tests/compose/run.sh")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert script.returncode == 0, script.stdout
+    for dockerfile in sorted((ROOT / "tests/compose/standins").glob("*.Dockerfile")):
+        lint = subprocess.run([tool("hadolint"), "--no-color", str(dockerfile)],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_cpu_image_engine_stage_takes_the_pin_from_pyproject() -> None:
+    # The GPU image's CI stand-in base is this stage; it must install what `.[cpu]` pins.
+    text = (ROOT / "Dockerfile.cpu").read_text()
+    assert re.search(r"^FROM python:\S+ AS engine$", text, re.M)
+    assert 'extras["cpu"]' in text and re.search(r"^FROM engine$", text, re.M)

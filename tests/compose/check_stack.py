@@ -1,0 +1,230 @@
+"""Checks of a running compose stack through its published ports (tests/compose/run.sh brings the
+stack up; this only talks to it over HTTP and drives containers through docker / compose).
+
+1. /ready lists every replica (one container each) ready.
+2. An OCR-scored image batch returns per-item and batch fingerprints, the same fingerprint id
+   from every replica container (and `identity: verified` where replicas report their identity).
+3. Prometheus has scraped grm_requests_total from the gateway.
+4. A replica container killed with `docker kill` is failed over with identical answers, comes
+   back through its restart policy, and then serves the same answers as before.
+5. `docker compose stop` with batches in flight: every one of them finishes, identical, within
+   the stop grace period, and the gateway exits 0 (drained, not killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SAMPLING = {"max_tokens": 12}
+REPLICA_SERVICES = ("replica-cpu-0", "replica-cpu-1")  # r0, r1: GRM_BACKEND_URLS' order
+GATEWAY_SERVICE = "gateway-cpu"
+STOP_GRACE_S = 60.0  # the gateway's stop_grace_period in deploy/docker-compose.yml
+
+
+def log(message: str) -> None:
+    print(f"[check-stack {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Stack:
+    gateway: str
+    prometheus: str
+    docker: str
+    compose: list[str]
+
+    def run(self, *argv: str, timeout: float = 300) -> str:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+        assert result.returncode == 0, f"{' '.join(argv)}: {result.stderr}"
+        return result.stdout.strip()
+
+    def container(self, service: str) -> str:
+        return self.run(*self.compose, "ps", "-q", "-a", service)
+
+    def inspect(self, container: str) -> dict[str, Any]:
+        (info,) = json.loads(self.run(self.docker, "inspect", container))
+        return dict(info)
+
+
+def sample_items(samples: Path) -> list[dict[str, Any]]:
+    """The packaged sample images, each scored twice under two ids (rendezvous routing keys on
+    the request, so eight requests spread over both replicas)."""
+    items = []
+    for line in (samples / "manifest.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        image = base64.b64encode((samples / entry["image"]).read_bytes()).decode()
+        for copy in ("a", "b"):
+            items.append({"id": f"{entry['id']}-{copy}", "image": image,
+                          "reference": entry["reference"] if copy == "a" else entry["id"]})
+    return items
+
+
+def score(stack: Stack, items: list[dict[str, Any]], sampling: dict[str, Any] = SAMPLING,
+          ) -> dict[str, Any]:
+    r = httpx.post(stack.gateway + "/v1/score", timeout=300,
+                   json={"scorer": "ocr", "items": items, "sampling": sampling})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    assert all(x["status"] == "ok" for x in body["results"]), body["results"]
+    return body
+
+
+def without_replica(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Results as compared across replicas: everything but the serving replica's name."""
+    out = []
+    for result in body["results"]:
+        fingerprint = {k: v for k, v in result["fingerprint"].items() if k != "replica"}
+        out.append({**result, "fingerprint": fingerprint})
+    return out
+
+
+def served_by(body: dict[str, Any]) -> dict[str, str]:
+    return {r["id"]: r["fingerprint"]["replica"] for r in body["results"]}
+
+
+def wait_ready(stack: Stack, timeout_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    replicas: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(stack.gateway + "/ready", timeout=5)
+            replicas = r.json()["replicas"]
+            if r.status_code == 200 and all(x["state"] == "ready" for x in replicas):
+                return replicas
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"replicas not all ready after {timeout_s:.0f} s: {replicas}")
+
+
+def check_ready(stack: Stack) -> None:
+    replicas = wait_ready(stack, 60)
+    assert len(replicas) == len(REPLICA_SERVICES), replicas
+    urls = [f"http://{service}:8000" for service in REPLICA_SERVICES]
+    assert [x["url"] for x in replicas] == urls, replicas
+    log(f"/ready: {len(replicas)} replica containers ready: {[x['name'] for x in replicas]}")
+
+
+def check_fingerprints(body: dict[str, Any]) -> None:
+    prints = [r["fingerprint"] for r in body["results"]]
+    replicas = {p["replica"] for p in prints}
+    assert replicas == {"r0", "r1"}, f"one replica served everything: {served_by(body)}"
+    for p in prints:
+        assert p["fingerprint_id"] and p["model_hash"] and p["env_digest"], p
+        assert p["engine"] == "vllm-cpu" and p["engine_version"], p
+        assert p["seed"] == 42 and p["request_digest"] and p["response_digest"], p
+        if "identity" in p:  # replicas that report their own identity
+            assert p["identity"] == "verified", p
+    by_replica = {r: {p["fingerprint_id"] for p in prints if p["replica"] == r} for r in replicas}
+    assert by_replica["r0"] == by_replica["r1"] and len(by_replica["r0"]) == 1, by_replica
+    batch = body["fingerprint"]
+    assert batch["fingerprint_id"] in by_replica["r0"], batch
+    assert batch["items"] == len(prints) and batch["errors"] == 0 and batch["digest"], batch
+    identity = prints[0].get("identity", "(not reported by this version)")
+    log(f"score: {len(prints)} items ok, fingerprint {batch['fingerprint_id']} from both "
+        f"replica containers, identity {identity}")
+
+
+def check_prometheus(stack: Stack) -> None:
+    deadline = time.monotonic() + 90  # scrape interval 15 s
+    series: list[Any] = []
+    while time.monotonic() < deadline:
+        r = httpx.get(stack.prometheus + "/api/v1/query", timeout=10,
+                      params={"query": 'sum(grm_requests_total{job="grm-service"})'})
+        series = r.json()["data"]["result"] if r.status_code == 200 else []
+        if series and float(series[0]["value"][1]) > 0:
+            log(f"prometheus: scraped grm_requests_total = {series[0]['value'][1]}")
+            return
+        time.sleep(2)
+    raise AssertionError(f"prometheus has no grm_requests_total after 90 s: {series}")
+
+
+def check_failover(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> None:
+    routes = served_by(before)
+    victim = max(("r0", "r1"), key=lambda r: sum(v == r for v in routes.values()))
+    service = REPLICA_SERVICES[int(victim[1:])]
+    container = stack.container(service)
+    restarts = stack.inspect(container)["RestartCount"]
+    stack.run(stack.docker, "kill", container)
+    log(f"docker kill {service} ({victim}, served {sum(v == victim for v in routes.values())} "
+        "of the items)")
+    during = score(stack, items)
+    assert without_replica(during) == without_replica(before), "failover changed answers"
+    assert set(served_by(during).values()) == {"r1" if victim == "r0" else "r0"}, during
+    assert during["fingerprint"] == before["fingerprint"], during["fingerprint"]
+    log("failover: identical answers and batch fingerprint from the surviving replica")
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = stack.inspect(container)
+        if state["RestartCount"] > restarts and state["State"]["Running"]:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"{service} did not come back: {state['State']}")
+    started = time.monotonic()
+    wait_ready(stack, 600)
+    log(f"{service} restarted by its restart policy (restarts {state['RestartCount']}), "
+        f"ready again after {time.monotonic() - started:.0f} s")
+    after = score(stack, items)
+    assert after["results"] == before["results"], "answers changed after the replica came back"
+    log("after restart: the same answers from the same replicas as before the kill")
+
+
+def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
+    sampling = {"max_tokens": 96}  # long enough to be in flight when the stop begins
+    reference = without_replica(score(stack, items, sampling))
+    gateway = stack.container(GATEWAY_SERVICE)
+    with ThreadPoolExecutor(4) as pool:
+        flights = [pool.submit(score, stack, items, sampling) for _ in range(4)]
+        time.sleep(1.0)
+        assert not any(f.done() for f in flights), "batches finished before the stop began"
+        started = time.monotonic()
+        stack.run(*stack.compose, "stop", timeout=STOP_GRACE_S + 60)
+        took = time.monotonic() - started
+        answers = [without_replica(f.result()) for f in flights]
+    assert all(a == reference for a in answers), "a batch in flight changed its answers"
+    state = stack.inspect(gateway)["State"]
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], state
+    assert took < STOP_GRACE_S, took
+    codes = {s: stack.inspect(stack.container(s))["State"]["ExitCode"] for s in REPLICA_SERVICES}
+    log(f"compose stop: {len(flights)} batches in flight all finished, identical; stop took "
+        f"{took:.1f} s (grace {STOP_GRACE_S:.0f} s); gateway exit 0, replicas exit {codes}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--prometheus", required=True)
+    parser.add_argument("--docker", default="docker")
+    parser.add_argument("--compose", required=True, help="the compose command line, quoted")
+    parser.add_argument("--samples", type=Path, required=True)
+    args = parser.parse_args()
+    stack = Stack(args.gateway, args.prometheus, args.docker, shlex.split(args.compose))
+    items = sample_items(args.samples)
+    check_ready(stack)
+    first = score(stack, items)
+    check_fingerprints(first)
+    assert score(stack, items)["results"] == first["results"], "a repeated batch changed"
+    check_prometheus(stack)
+    check_failover(stack, items, first)
+    check_graceful_stop(stack, items)
+    log("all stack checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

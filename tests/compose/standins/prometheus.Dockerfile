@@ -1,0 +1,16 @@
+# CI stand-in for prom/prometheus (no image registry is reachable in CI): Debian's Prometheus,
+# laid out like the real image (binary as entrypoint, /prometheus as working and data folder,
+# run as nobody) plus wget for the compose healthcheck.
+FROM local/debian:bookworm
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends prometheus wget \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /prometheus \
+    && chown 65534:65534 /prometheus
+WORKDIR /prometheus
+USER 65534:65534
+EXPOSE 9090
+ENTRYPOINT ["/usr/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml"]
