@@ -151,6 +151,22 @@ build -t python:3.11-slim-bookworm -f "$HERE/standins/python.Dockerfile" "$W/sta
 build -t local/prometheus:bookworm -f "$HERE/standins/prometheus.Dockerfile" "$W/standin"
 lap "stand-in bases"
 
+free_port() {  # the port given (default: none) if it is free, else any free port on loopback
+    "$PY" - "${1:-0}" <<'PY'
+import socket
+import sys
+
+for port in (int(sys.argv[1]), 0):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(s.getsockname()[1])
+        break
+PY
+}
+
 # torch==2.13.0+cpu is on no index the build can reach here: serve the wheel that pip's own
 # configuration points at (find-links) as a one-package index on loopback, for this build only.
 TORCH_ARGS=()
@@ -169,7 +185,9 @@ if [ -n "$WHEEL" ]; then
     ln -s "$WHEEL" "$W/index/torch/"
     name="$(basename "$WHEEL")"
     printf '<a href="%s">%s</a>\n' "${name//+/%2B}" "$name" >"$W/index/torch/index.html"
-    port="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    # The index URL is a build arg, so part of the build cache key: the same port every run when
+    # it is free, so that a rerun with GRM_COMPOSE_WORKDIR finds its layers cached.
+    port="$(free_port 39513)"
     "$PY" -m http.server --bind 127.0.0.1 --directory "$W/index" "$port" >/dev/null 2>&1 &
     INDEX_PID=$!
     TORCH_ARGS=(--build-arg "TORCH_INDEX=http://127.0.0.1:$port/")
@@ -197,7 +215,6 @@ model="$("$PY" -m grm_service.tiny_models vlm 2>/dev/null | tail -1)"
 mkdir -p "$W/models"
 cp -r "$model" "$W/models/tiny-vlm"
 chmod -R a+rX "$W/models"
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 GW_PORT="$(free_port)"
 PROM_PORT="$(free_port)"
 export GRM_MODELS_DIR="$W/models" GRM_MODEL=/models/tiny-vlm GRM_SERVED_MODEL_NAME=tiny-vlm \

@@ -345,7 +345,8 @@ def test_replicas_overlay_attaches_the_gateway_to_one_container_per_replica() ->
         for key in ENGINE_SETTINGS:
             assert replica["environment"][key] == gateway["environment"][key], (name, key)
         assert {v["target"] for v in replica["volumes"]} == {"/models", "/cache"}
-    assert len({services[n]["environment"]["GRM_WORK_DIR"] for n in replicas}) == len(replicas)
+    for key in ("GRM_CACHE_DIR", "GRM_WORK_DIR"):  # each replica writes its own files
+        assert len({services[n]["environment"][key] for n in replicas}) == len(replicas), key
 
 
 def test_ci_stack_parks_grafana_and_pulls_nothing() -> None:
