@@ -2,8 +2,9 @@
 stack up; this only talks to it over HTTP and drives containers through docker / compose).
 
 1. /ready lists every replica (one container each) ready.
-2. An OCR-scored image batch returns per-item and batch fingerprints, the same fingerprint id
-   from every replica container (and `identity: verified` where replicas report their identity).
+2. An OCR-scored image batch returns per-item and batch fingerprints built from the serving
+   replica's own identity: `identity: verified`, its device, and the same fingerprint id from
+   both replica containers (also in /v1/fingerprint).
 3. Prometheus has scraped grm_requests_total from the gateway.
 4. A replica container killed with `docker kill` is failed over with identical answers and
    comes back (`compose up -d`: Docker never restarts a container it was told to kill); a
@@ -124,19 +125,28 @@ def check_fingerprints(body: dict[str, Any]) -> None:
     replicas = {p["replica"] for p in prints}
     assert replicas == {"r0", "r1"}, f"one replica served everything: {served_by(body)}"
     for p in prints:
+        # Each replica container computed and reported its own identity (/grm/identity).
+        assert p["identity"] == "verified" and p["device"], p
         assert p["fingerprint_id"] and p["model_hash"] and p["env_digest"], p
         assert p["engine"] == "vllm-cpu" and p["engine_version"], p
         assert p["seed"] == 42 and p["request_digest"] and p["response_digest"], p
-        if "identity" in p:  # replicas that report their own identity
-            assert p["identity"] == "verified", p
     by_replica = {r: {p["fingerprint_id"] for p in prints if p["replica"] == r} for r in replicas}
     assert by_replica["r0"] == by_replica["r1"] and len(by_replica["r0"]) == 1, by_replica
     batch = body["fingerprint"]
     assert batch["fingerprint_id"] in by_replica["r0"], batch
     assert batch["items"] == len(prints) and batch["errors"] == 0 and batch["digest"], batch
-    identity = prints[0].get("identity", "(not reported by this version)")
-    log(f"score: {len(prints)} items ok, fingerprint {batch['fingerprint_id']} from both "
-        f"replica containers, identity {identity}")
+    log(f"score: {len(prints)} items ok, fingerprint {batch['fingerprint_id']} (identity "
+        f"{prints[0]['identity']}, device {prints[0]['device']!r}) from both replica containers")
+
+
+def check_service_identity(stack: Stack, fingerprint_id: str) -> None:
+    """`/v1/fingerprint`: the identity both replica containers reported, one id for both."""
+    identity = httpx.get(stack.gateway + "/v1/fingerprint", timeout=10).json()
+    assert identity["identity"] == "verified" and identity["fingerprint_id"] == fingerprint_id, (
+        identity)
+    assert identity["replicas"] == {"r0": fingerprint_id, "r1": fingerprint_id}, identity
+    assert identity["unknown"] == [], identity
+    log(f"/v1/fingerprint: verified, r0 and r1 both {fingerprint_id}")
 
 
 def check_prometheus(stack: Stack) -> None:
@@ -250,6 +260,7 @@ def main() -> int:
     check_ready(stack)
     first = score(stack, items)
     check_fingerprints(first)
+    check_service_identity(stack, first["fingerprint"]["fingerprint_id"])
     assert score(stack, items)["results"] == first["results"], "a repeated batch changed"
     check_prometheus(stack)
     check_docker_kill(stack, items, first)
