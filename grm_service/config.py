@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache per CPU replica (GiB).")
     startup_timeout_s: float = Field(900.0, gt=0, description="Replica start-up limit.")
     request_timeout_s: float = Field(600.0, gt=0, description="One backend attempt's limit.")
+    backend_ack_timeout_s: float = Field(
+        10.0, gt=0, description="A replica connection whose sent bytes stay unacknowledged this "
+        "long is dead (TCP_USER_TIMEOUT): the request fails over instead of hanging."
+    )
     max_attempts: int = Field(3, ge=1, description="Replicas tried per request (failover).")
     breaker_failures: int = Field(
         3, ge=1, description="Consecutive failed attempts that open a replica's breaker."

@@ -180,6 +180,10 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
         raise Overloaded(f"no free slot within {wait:.0f} s: retry later", retry_after=1) from None
     finally:
         gw.queued -= 1
+    if not replica.ready:
+        # It went down while this request waited for its slot: fail over now.
+        await replica.gate.release(alone)
+        raise _Retryable("down", replica.name, "went down while the request waited")
 
 
 async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[int, bytes]:

@@ -8,6 +8,12 @@ and the answer is parsed by httptools (llhttp, the parser uvicorn serves with).
 
 Errors are the standard ones, so the proxy maps them once: `TimeoutError` (no complete answer in
 time), `ConnectionError` (refused, reset, closed early) and `UpstreamProtocolError` (not HTTP).
+
+A replica that vanishes without closing its connections (its container killed or cut off, its
+host gone) leaves idle connections half-open: a request written on one is never answered and
+never fails until the request timeout (minutes). TCP_USER_TIMEOUT (`ack_timeout_s`) bounds how
+long sent bytes may stay unacknowledged; a live replica's kernel acknowledges at once however
+long its engine takes to answer, so slow generations are unaffected. Linux only.
 """
 
 from __future__ import annotations
@@ -57,8 +63,9 @@ class _Target:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ack_timeout_ms: int | None = None) -> None:
         self.loop = loop
+        self.ack_timeout_ms = ack_timeout_ms
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.chunks: list[bytes] = []
@@ -76,6 +83,10 @@ class _Connection(asyncio.Protocol):
             # waits for the replica's delayed ACK (~40 ms) once the body spans two packets.
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+            if self.ack_timeout_ms is not None and user_timeout is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, user_timeout, self.ack_timeout_ms)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:  # nothing was asked: e.g. a 408 before an idle close
@@ -142,8 +153,9 @@ class Upstream:
     """A keep-alive pool per replica URL, unbounded like the replicas' own accept queues: the
     gateway's in-flight gate, not the pool, bounds the requests at a replica."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, ack_timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.ack_timeout_ms = None if ack_timeout_s is None else int(ack_timeout_s * 1000)
         self._targets: dict[str, _Target] = {}
         self._idle: dict[str, list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -187,7 +199,7 @@ class Upstream:
         tls = ssl.create_default_context() if target.tls else None
         async with asyncio.timeout(self.timeout_s):
             _, conn = await loop.create_connection(
-                lambda: _Connection(loop), target.host, target.port, ssl=tls,
+                lambda: _Connection(loop, self.ack_timeout_ms), target.host, target.port, ssl=tls,
                 server_hostname=target.host if tls else None)
         self._open.add(conn)
         return conn

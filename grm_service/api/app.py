@@ -103,7 +103,7 @@ def _lifespan(
         admission = Admission(settings, probes, _output_checks(settings, metrics))
         keeper, close_cluster = _keeper(settings, metrics, admission, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
-        client = Upstream(settings.request_timeout_s)
+        client = Upstream(settings.request_timeout_s, ack_timeout_s=settings.backend_ack_timeout_s)
         auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
         gw = Gateway(settings=settings, pool=keeper.pool, client=client, metrics=metrics,
                      auditor=auditor)
