@@ -172,11 +172,14 @@ def pick_victim(stack: Stack, before: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def check_failed_over(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any],
-                      victim: str) -> None:
+                      victim: str) -> float:
+    """Score the batch right after the victim died; returns how long the batch took."""
+    started = time.monotonic()
     during = score(stack, items)
     assert without_replica(during) == without_replica(before), "failover changed answers"
     assert set(served_by(during).values()) == {"r1" if victim == "r0" else "r0"}, during
     assert during["fingerprint"] == before["fingerprint"], during["fingerprint"]
+    return time.monotonic() - started
 
 
 def check_back(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> float:
@@ -192,9 +195,9 @@ def check_docker_kill(stack: Stack, items: list[dict[str, Any]], before: dict[st
     so the replica comes back the way an operator brings it back, `compose up -d`."""
     victim, service, container = pick_victim(stack, before)
     stack.run(stack.docker, "kill", container)
-    check_failed_over(stack, items, before, victim)
+    took = check_failed_over(stack, items, before, victim)
     log(f"docker kill {service} ({victim}): identical answers and batch fingerprint from the "
-        "other replica")
+        f"other replica (batch took {took:.1f} s)")
     time.sleep(3)
     state = stack.inspect(container)["State"]
     assert state["Status"] == "exited", state  # Docker: a killed container is stopped by hand
@@ -211,7 +214,7 @@ def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[
     victim, service, container = pick_victim(stack, before)
     state = stack.inspect(container)
     stack.run("kill", "-KILL", str(state["State"]["Pid"]))
-    check_failed_over(stack, items, before, victim)
+    failover_s = check_failed_over(stack, items, before, victim)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         now = stack.inspect(container)
@@ -221,8 +224,9 @@ def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[
     else:
         raise AssertionError(f"{service} was not restarted: {now['State']}")
     took = check_back(stack, items, before)
-    log(f"crash of {service} ({victim}): failed over, identical; restarted by its restart "
-        f"policy (restart count {now['RestartCount']}), answering as before in {took:.0f} s")
+    log(f"crash of {service} ({victim}): failed over, identical (batch took {failover_s:.1f} s); "
+        f"restarted by its restart policy (restart count {now['RestartCount']}), answering as "
+        f"before in {took:.0f} s")
 
 
 def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
