@@ -52,7 +52,9 @@ def check_entrypoint(binary: str, image: str) -> None:
 
 
 def check_plugin(binary: str, image: str) -> None:
-    probe = docker(binary, "run", "--rm", "--entrypoint", "python3", image, "-c", PLUGIN_PROBE)
+    # As in a replica: the engine profile marks the replicas it starts, the plugin acts only there.
+    probe = docker(binary, "run", "--rm", "-e", "GRM_SERVICE_REPLICA=1", "--entrypoint", "python3",
+                   image, "-c", PLUGIN_PROBE)
     assert probe.returncode == 0, probe.stderr[-3000:]
     report = json.loads(probe.stdout.strip().splitlines()[-1])
     assert report == {"entry_point": "grm_service.vllm_plugin:register", "uid": 10001}, report

@@ -6,7 +6,9 @@ stack up; this only talks to it over HTTP and drives containers through docker /
    replica's own identity: `identity: verified`, its device, and the same fingerprint id from
    both replica containers (also in /v1/fingerprint).
 3. Prometheus has scraped grm_requests_total from the gateway.
-4. A replica container killed with `docker kill` is failed over with identical answers and
+4. A replica container cut off the network (half-open connections) is failed over within the
+   gateway's ack timeout and serves the same answers once reconnected. A replica container
+   killed with `docker kill` is failed over with identical answers and
    comes back (`compose up -d`: Docker never restarts a container it was told to kill); a
    replica whose engine crashes is failed over and restarted by its restart policy. Both then
    serve the same answers as before.
@@ -183,11 +185,18 @@ def check_failed_over(stack: Stack, items: list[dict[str, Any]], before: dict[st
 
 
 def check_back(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> float:
+    """Wait until every replica is ready and serves its own keys again (an open breaker keeps
+    traffic away for a few seconds more); every answer meanwhile must be the same."""
     started = time.monotonic()
     wait_ready(stack, 600)
-    after = score(stack, items)
-    assert after["results"] == before["results"], "answers changed after the replica came back"
-    return time.monotonic() - started
+    deadline = time.monotonic() + 60
+    while True:
+        after = score(stack, items)
+        assert without_replica(after) == without_replica(before), "answers changed"
+        if after["results"] == before["results"]:
+            return time.monotonic() - started
+        assert time.monotonic() < deadline, f"routing did not return: {served_by(after)}"
+        time.sleep(1)
 
 
 def check_docker_kill(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any]) -> None:
@@ -205,6 +214,23 @@ def check_docker_kill(stack: Stack, items: list[dict[str, Any]], before: dict[st
     took = check_back(stack, items, before)
     log(f"{service}: stays down after docker kill (Docker's rule for every restart policy); "
         f"`compose up -d` brought it back, ready and answering as before in {took:.0f} s")
+
+
+def check_partition(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any],
+                    network: str) -> None:
+    """The replica drops off the network, alive but unreachable: no FIN or RST reaches the
+    gateway, so its pooled keep-alive connections to it are half-open. Requests on them must fail
+    over (GRM_BACKEND_ACK_TIMEOUT_S) rather than hang until the request timeout."""
+    victim, service, container = pick_victim(stack, before)
+    stack.run(stack.docker, "network", "disconnect", network, container)
+    try:
+        took = check_failed_over(stack, items, before, victim)
+    finally:
+        stack.run(stack.docker, "network", "connect", "--alias", service, network, container)
+    log(f"{service} ({victim}) cut off the network: failed over, identical (batch took "
+        f"{took:.1f} s)")
+    back = check_back(stack, items, before)
+    log(f"{service} reconnected: answering as before in {back:.0f} s")
 
 
 def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[str, Any],
@@ -258,6 +284,7 @@ def main() -> int:
     parser.add_argument("--docker", default="docker")
     parser.add_argument("--compose", required=True, help="the compose command line, quoted")
     parser.add_argument("--samples", type=Path, required=True)
+    parser.add_argument("--network", required=True, help="the stack's network (docker name)")
     args = parser.parse_args()
     stack = Stack(args.gateway, args.prometheus, args.docker, shlex.split(args.compose))
     items = sample_items(args.samples)
@@ -267,6 +294,7 @@ def main() -> int:
     check_service_identity(stack, first["fingerprint"]["fingerprint_id"])
     assert score(stack, items)["results"] == first["results"], "a repeated batch changed"
     check_prometheus(stack)
+    check_partition(stack, items, first, args.network)
     check_docker_kill(stack, items, first)
     check_crash_restart(stack, items, first)
     check_graceful_stop(stack, items)

@@ -232,7 +232,7 @@ lap "compose up (healthy)"
 "$PY" "$HERE/check_stack.py" --gateway "http://127.0.0.1:$GW_PORT" \
     --prometheus "http://127.0.0.1:$PROM_PORT" --docker "$DOCKER" \
     --compose "$COMPOSE -p $PROJECT -f $ROOT/deploy/docker-compose.yml -f $ROOT/deploy/docker-compose.replicas.yml -f $HERE/compose.ci.yml --profile cpu" \
-    --samples "$ROOT/grm_service/samples" \
+    --samples "$ROOT/grm_service/samples" --network "${PROJECT}_default" \
     || { compose logs --no-color --tail 60 >&2; exit 1; }
 lap "stack checks"
 
