@@ -128,31 +128,23 @@ def test_backoff_is_capped_and_never_overflows() -> None:
 
 
 class FailingSource(ReplicaSource):
-    def __init__(self) -> None:
-        super().__init__("r0")
+    """Fails every start: with StartFailed (a start that did not work) or with any other
+    exception (a bug in a source), which the keeper must log and survive alike."""
+
+    def __init__(self, name: str, error: type[Exception] = StartFailed) -> None:
+        super().__init__(name)
+        self.error = error
         self.starts = 0
 
     async def start(self) -> str:
         self.starts += 1
-        raise StartFailed(f"start {self.starts} failed")
-
-
-class BrokenSource(ReplicaSource):
-    """A bug, not a start failure: the keeper must log it and keep going."""
-
-    def __init__(self) -> None:
-        super().__init__("r1")
-        self.starts = 0
-
-    async def start(self) -> str:
-        self.starts += 1
-        raise RuntimeError("a bug in a source")
+        raise self.error(f"start {self.starts} failed")
 
 
 async def test_thousands_of_restarts_neither_overflow_nor_stop_the_loop() -> None:
     settings = Settings(model="m", restart_backoff_max_s=1e-4)
     client = httpx.AsyncClient(transport=handler({}))
-    failing, broken = FailingSource(), BrokenSource()
+    failing, broken = FailingSource("r0"), FailingSource("r1", RuntimeError)
     keeper = Keeper(settings, Metrics(), [failing, broken], Admission(settings, client), client)
     starting = asyncio.create_task(keeper.start())
     try:
@@ -170,7 +162,8 @@ async def test_thousands_of_restarts_neither_overflow_nor_stop_the_loop() -> Non
 async def test_gateway_start_fails_only_when_every_launched_replica_failed() -> None:
     settings = Settings(model="m", restart_backoff_max_s=1e-3)
     client = httpx.AsyncClient(transport=handler({}))
-    keeper = Keeper(settings, Metrics(), [FailingSource()], Admission(settings, client), client)
+    keeper = Keeper(settings, Metrics(), [FailingSource("r0")], Admission(settings, client),
+                    client)
     with pytest.raises(ReplicaStartError, match="start 1 failed"):
         await keeper.start()
     await keeper.stop()
