@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.5
 _PROBE_TIMEOUT_S = 5.0
 _MISSES_DOWN = 3
+_EARLIER_FIRST_MAX_S = 120.0
 _MAX_EXPONENT = 16  # 2**16 s is far beyond any cap: the exponent stops growing, nothing overflows
 
 
@@ -159,12 +160,24 @@ class Keeper:
             self._start_failed(replica, str(err))
             await self._stop_source(source)
             return
+        await self._earlier_first(replica)
         if problem := await self.admission.check(replica):
             self._set(replica, ReplicaState.REJECTED, problem)
             self._start_failed(replica, f"replica {replica.name} refused: {problem}")
             await self._stop_source(source)
             return
         await self._serve(source, replica)
+
+    async def _earlier_first(self, replica: Replica) -> None:
+        """Until there is a reference, replicas earlier in the list that are still being
+        started or checked go first, so the reference is r0's when r0 comes up with the others
+        (a stable rule, not whichever answered first); bounded, so a slow one cannot hold the
+        service back for long."""
+        index = self.pool.replicas.index(replica)
+        deadline = time.monotonic() + _EARLIER_FIRST_MAX_S
+        while (self.admission.reference is None and time.monotonic() < deadline
+               and any(r.state is ReplicaState.CHECKING for r in self.pool.replicas[:index])):
+            await asyncio.sleep(_POLL_S)
 
     async def _serve(self, source: ReplicaSource, replica: Replica) -> None:
         self._set(replica, ReplicaState.READY)

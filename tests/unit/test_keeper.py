@@ -33,8 +33,10 @@ PLAIN = {"plain": True, "model": "rm", "root": "/models/rm", "len": 512, "versio
 def handler(replicas: dict[str, dict[str, Any]]) -> httpx.MockTransport:
     """Each host answers as its dict says: an identity, a plain vLLM server, or a fault."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    async def handle(request: httpx.Request) -> httpx.Response:
         r = replicas[request.url.host]
+        if request.url.path == "/health" and r.get("slow_health"):
+            await asyncio.sleep(r["slow_health"])
         fault = r.get("fault")
         if fault == "down":
             raise httpx.ConnectError("refused", request=request)
@@ -81,6 +83,17 @@ async def test_same_identity_is_admitted_and_each_difference_is_named() -> None:
         assert "env input numerics.dtype 'float32' != 'bfloat16'" in detail["r2"]
         assert "model hash 'blake3:bb' != 'blake3:aa'" in detail["r3"]
         assert "identity 'unverified' != 'verified'" in detail["r4"]
+    finally:
+        await keeper.stop()
+
+
+async def test_the_first_replica_in_the_list_sets_the_reference_when_both_are_up() -> None:
+    # r0 answers its health check late; r1 (other numerics) must not become the reference.
+    keeper = keeper_for({"a": identity(slow_health=0.3), "b": identity(dtype="float32")})
+    await keeper.start()
+    try:
+        assert await settled(keeper) == ["ready", "rejected"]
+        assert "numerics.dtype 'float32' != 'bfloat16'" in keeper.pool.replicas[1].detail
     finally:
         await keeper.stop()
 
