@@ -4,10 +4,15 @@ The supervisor starts `python -m grm_service.reaper --lifeline FD -- ARGV...` as
 new process group and keeps the write end of a pipe whose read end is FD. The engine and every
 process it spawns stay in that group. When the gateway dies for any reason, SIGKILL included,
 the kernel closes the pipe; the reaper sees EOF and ends the group, so no replica is orphaned.
+
+The reaper itself can be SIGKILLed too: Ray kills a dead actor's child processes (the reaper)
+one by one, not their groups. The engine is therefore started with the kernel's parent-death
+signal: it gets SIGTERM the moment its reaper dies, and shuts its own engine processes down.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -16,6 +21,17 @@ import sys
 import time
 
 _GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the engine's process, before exec (Linux: prctl; elsewhere nothing to do)."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the reaper died before the signal was armed
+        os._exit(1)
 
 
 def _end_group(child: subprocess.Popen[bytes]) -> None:
@@ -46,7 +62,9 @@ def main(argv: list[str]) -> int:
     # the supervisor's group-wide SIGTERM is for the engine, the reaper outlives it to reap.
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
-    child = subprocess.Popen(argv[3:])
+    me = os.getpid()
+    # preexec_fn is safe here: the reaper runs no other thread.
+    child = subprocess.Popen(argv[3:], preexec_fn=lambda: _die_with_parent(me))
     return _watch(lifeline, child)
 
 
