@@ -233,7 +233,7 @@ class Keeper:
             delay = backoff_s(replica.start_failures, 1.0, self.settings.restart_backoff_max_s)
         else:
             delay = self.settings.health_interval_s
-        if replica.state is not ReplicaState.REJECTED:
+        if source.owns_process and replica.state is not ReplicaState.REJECTED:
             self._set(replica, ReplicaState.RESTARTING, replica.detail)
         await asyncio.sleep(delay)
 
