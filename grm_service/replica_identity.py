@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from grm_service import determinism
-from grm_service.fingerprint import digest, env_digest, fingerprint_id, json_digest, model_hash
+from grm_service.fingerprint import env_digest, fingerprint_id, json_digest, model_hash
 from grm_service.host import (
     cpu_model,
     distribution_version,
@@ -255,7 +255,3 @@ class IdentityMiddleware:
             return 500, json.dumps({"error": f"identity failed: {err}"}).encode()
         return 200, self._future.result().model_dump_json().encode()
 
-
-def identity_digest(identity: ReplicaIdentity) -> str:
-    """A short tag for logs."""
-    return digest(identity.model_dump_json().encode(), 12)
