@@ -3,6 +3,9 @@
     starting -> checking -> ready -> down -> restarting -> starting ...
                    `-> rejected -> restarting            (stopped: final, at shutdown)
 
+(A replica started elsewhere has no restart: once out it stays down or rejected, re-probed every
+health interval, until it is admitted again.)
+
 A replica *source* only knows how to start (or locate), stop and describe its replica: a local
 process (`sources.LocalSource`), an address started elsewhere (`sources.AttachedSource`), a Ray
 actor (`launchers.ray.RaySource`). The keeper owns the rest, once: health probing, admission
