@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed of every replica and request.")
     host: str = Field("127.0.0.1", description="Gateway bind address.")
     port: int = Field(8000, ge=0, le=65535, description="Gateway port (0 = any free port).")
+    workers: int = Field(
+        1, ge=1, le=256, description="Gateway processes accepting on the port (one per core); "
+        "the replicas are kept by one of them.",
+    )
     engine: EngineName = Field(EngineName.AUTO, description="auto | vllm | vllm-cpu.")
     gpus: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="GPU ids to spread replicas over, e.g. 0,1."
@@ -208,6 +212,10 @@ class Settings(BaseSettings):
             raise ValueError(f"GRM_MAX_BODY_BYTES={self.max_body_bytes} cannot carry one image of "
                              f"GRM_MAX_IMAGE_BYTES={self.max_image_bytes} (base64): raise it to "
                              f"{needed} or lower the image limit")
+        if self.max_inflight_per_replica < self.workers:
+            raise ValueError(f"GRM_MAX_INFLIGHT_PER_REPLICA={self.max_inflight_per_replica} is "
+                             f"split between GRM_WORKERS={self.workers} processes: raise it to "
+                             f"at least {self.workers}")
         return self
 
     def all_api_keys(self) -> list[str]:

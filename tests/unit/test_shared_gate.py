@@ -1,0 +1,155 @@
+"""The cross-process replica gate, with real processes holding it at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+
+from grm_service.replicas import Gate
+from grm_service.shared_gate import GateFile, share_of
+
+_SPAWN = multiprocessing.get_context("spawn")
+_HOLD_S = 0.01
+
+
+async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int) -> list[list[float]]:
+    spans: list[list[float]] = []
+
+    async def one() -> None:
+        for _ in range(rounds):
+            async with gate.slot(exclusive, 64):
+                start = time.monotonic()
+                await asyncio.sleep(_HOLD_S)
+                spans.append([start, time.monotonic()])
+
+    await asyncio.gather(*(one() for _ in range(tasks)))
+    return spans
+
+
+def _worker(path: str, worker: int, exclusive: bool, tasks: int, rounds: int, out: str,
+            go: Event, shared_file: bool) -> None:
+    """One worker process: `tasks` tasks, each taking the replica's gate `rounds` times."""
+    gates = GateFile(Path(path), worker, 2)
+    gate = gates.gate(0) if shared_file else Gate()
+    go.wait(10)
+    spans = asyncio.run(_hold_many(gate, exclusive, tasks, rounds))
+    Path(out).write_text(json.dumps(spans))
+
+
+def _run_pair(tmp_path: Path, shared_file: bool) -> tuple[list[list[float]], list[list[float]]]:
+    go = _SPAWN.Event()
+    lock = str(tmp_path / "gates")
+    outs = [str(tmp_path / "alone.json"), str(tmp_path / "shared.json")]
+    procs = [
+        _SPAWN.Process(target=_worker, args=(lock, 0, True, 3, 8, outs[0], go, shared_file)),
+        _SPAWN.Process(target=_worker, args=(lock, 1, False, 6, 8, outs[1], go, shared_file)),
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # both imported and waiting
+    go.set()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    alone, shared = (json.loads(Path(out).read_text()) for out in outs)
+    return alone, shared
+
+
+def _overlaps(a: list[list[float]], b: list[list[float]]) -> int:
+    return sum(1 for x in a for y in b if x[0] < y[1] and y[0] < x[1])
+
+
+def test_exclusive_in_one_process_excludes_shared_in_another(tmp_path: Path) -> None:
+    alone, shared = _run_pair(tmp_path, shared_file=True)
+    assert len(alone) == 24 and len(shared) == 48
+    assert _overlaps(alone, shared) == 0
+    assert _overlaps(alone, alone) == len(alone)  # each span only with itself
+    # The shared holders did share: otherwise nothing here was tested concurrently.
+    assert _overlaps(shared, shared) > len(shared)
+
+
+def test_without_the_shared_file_they_overlap(tmp_path: Path) -> None:
+    """The same run with a per-process gate: proves the test above can fail."""
+    alone, shared = _run_pair(tmp_path, shared_file=False)
+    assert _overlaps(alone, shared) > 0
+
+
+def _hold_exclusive_forever(path: str, ready: str) -> None:
+    async def hold() -> None:
+        await GateFile(Path(path), 0, 2).gate(0).acquire(True)
+        Path(ready).touch()
+        await asyncio.sleep(3600)
+
+    asyncio.run(hold())
+
+
+async def _acquire_within(gate: Gate, exclusive: bool, timeout_s: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await gate.acquire(exclusive)
+    except TimeoutError:
+        return False
+    await gate.release(exclusive)
+    return True
+
+
+def test_a_dead_holder_frees_the_replica(tmp_path: Path) -> None:
+    lock, ready = str(tmp_path / "gates"), tmp_path / "ready"
+    holder = _SPAWN.Process(target=_hold_exclusive_forever, args=(lock, str(ready)))
+    holder.start()
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gate = GateFile(Path(lock), 1, 2).gate(0)
+    assert not asyncio.run(_acquire_within(gate, False, 0.3)), "held by the other process"
+    assert holder.pid is not None
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(10)
+    assert asyncio.run(_acquire_within(gate, False, 5))
+
+
+def _stream_shared(path: str, stop: str) -> None:
+    """Overlapping shared holders, without a gap, until told to stop."""
+    gate = GateFile(Path(path), 1, 2).gate(0)
+
+    async def one() -> None:
+        while not Path(stop).exists():
+            async with gate.slot(False):
+                await asyncio.sleep(0.02)
+
+    async def many() -> None:
+        tasks = []
+        for _ in range(4):
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(many())
+
+
+def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Path) -> None:
+    lock, stop = str(tmp_path / "gates"), tmp_path / "stop"
+    stream = _SPAWN.Process(target=_stream_shared, args=(lock, str(stop)))
+    stream.start()
+    try:
+        time.sleep(1.0)  # the stream is running
+        gate = GateFile(Path(lock), 0, 2).gate(0)
+        assert asyncio.run(_acquire_within(gate, True, 5))
+    finally:
+        stop.touch()
+        stream.join(10)
+    assert stream.exitcode == 0
+
+
+@pytest.mark.parametrize(("capacity", "workers"), [(256, 2), (5, 2), (3, 3), (7, 4)])
+def test_the_shares_add_up_to_the_bound(capacity: int, workers: int) -> None:
+    shares = [share_of(capacity, w, workers) for w in range(workers)]
+    assert sum(shares) == capacity and min(shares) >= 1
