@@ -30,6 +30,7 @@ from grm_service.config import (
 from grm_service.engines import select_engine
 from grm_service.replica_identity import compute_identity
 from grm_service.server import DrainingServer
+from grm_service.workers import WorkerRole, run_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Deterministic scoring service for reward models.")
@@ -38,9 +39,11 @@ log = logging.getLogger("grm_service")
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str, process: str = "") -> None:
+    """`process` names a worker process (`serve --workers N`) in each of its lines."""
+    tag = f"{process} " if process else ""
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
     # One line per backend call would drown the lifecycle events.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -71,6 +74,9 @@ def serve(
     seed: Seed = None,
     host: Annotated[str | None, typer.Option(help="Bind address. [GRM_HOST]")] = None,
     port: Annotated[int | None, typer.Option(help="Gateway port. [GRM_PORT]")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Gateway processes on the port. [GRM_WORKERS]")
+    ] = None,
     engine: Engine = None,
     gpus: Annotated[str | None, typer.Option(help="GPU ids, e.g. 0,1. [GRM_GPUS]")] = None,
     backend_url: Annotated[
@@ -89,10 +95,11 @@ def serve(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
 ) -> None:
     """Launch N deterministic replicas behind the gateway. Extra engine args go after `--`."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = build_settings(
-        model=model, replicas=replicas, seed=seed, host=host, port=port, engine=engine,
-        gpus=gpus, backend_urls=backend_url, serialize=serialize, routing=routing, dtype=dtype,
+        model=model, replicas=replicas, seed=seed, host=host, port=port, workers=workers,
+        engine=engine, gpus=gpus, backend_urls=backend_url, serialize=serialize, routing=routing,
+        dtype=dtype,
         max_model_len=max_model_len, max_tokens_default=max_tokens_default,
         served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
         launcher=launcher, ray_address=ray_address, ray_placement=ray_placement,
@@ -100,8 +107,13 @@ def serve(
     raise typer.Exit(run_server(settings, log_level))
 
 
-def run_server(settings: Settings, log_level: str = "info") -> int:
-    """Serve until a signal or a fatal start-up error; the exit code says which."""
+def run_server(
+    settings: Settings, log_level: str = "info", worker: WorkerRole | None = None
+) -> int:
+    """Serve until a signal or a fatal start-up error; the exit code says which. With
+    `--workers N` this process manages N worker processes (workers.py); `worker` is set in each."""
+    if worker is None and settings.workers > 1:
+        return run_workers(settings, log_level)
     failure: list[str] = []
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
@@ -115,10 +127,10 @@ def run_server(settings: Settings, log_level: str = "info") -> int:
         failure.append(message)
         server.should_exit = True
 
-    config.app = create_app(settings, on_fatal=fatal)
+    config.app = create_app(settings, on_fatal=fatal, worker=worker)
     # Server.run uses uvicorn's loop factory (uvloop when installed); asyncio.run(serve())
     # would silently run the stock asyncio loop.
-    server.run()
+    server.run(sockets=[worker.socket()] if worker else None)
     return 1 if failure else 0
 
 
@@ -134,7 +146,7 @@ def fingerprint(
 ) -> None:
     """Print the fingerprint id, model hash and env-digest inputs a replica started with these
     settings on this host would report, without starting anything. Engine args go after `--`."""
-    _setup_logging("warning")
+    setup_logging("warning")
     settings = build_settings(model=model, seed=seed, engine=engine, dtype=dtype,
                               max_model_len=max_model_len, served_model_name=served_model_name,
                               engine_args=list(ctx.args))
@@ -163,7 +175,7 @@ def backend(
 ) -> None:
     """Run ONE deterministic replica in the foreground (one container per GPU; attach with
     `serve --backend-url`). Extra engine args go after `--`."""
-    _setup_logging("info")
+    setup_logging("info")
     exec_backend(build_settings(
         model=model, seed=seed, host=host, port=port, engine=engine, dtype=dtype,
         max_model_len=max_model_len, served_model_name=served_model_name, work_dir=work_dir,

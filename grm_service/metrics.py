@@ -1,14 +1,25 @@
-"""Every Prometheus metric of the service, on a registry the app factory owns."""
+"""Every Prometheus metric of the service, on a registry the app factory owns.
+
+With `--workers N` each worker process writes its values to prometheus_client's multiprocess
+files (the worker is started with PROMETHEUS_MULTIPROC_DIR) and `/metrics`, on any worker, shows
+them merged: counters and histograms summed, in-flight gauges summed over live workers, replica
+gauges as the keeper's worker set them. `Info` has no multiprocess form: each worker shows its
+own, the same in every worker (the service identity comes from the one snapshot).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -21,10 +32,11 @@ class Metrics:
         )
         self.inflight = Gauge(
             "grm_requests_in_flight", "Requests being forwarded, by replica.", ["replica"],
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )
         self.replica_up = Gauge(
-            "grm_replica_up", "1 when the replica is ready to serve.", ["replica"], registry=r
+            "grm_replica_up", "1 when the replica is ready to serve.", ["replica"], registry=r,
+            multiprocess_mode="livemax",
         )
         self.replica_restarts = Counter(
             "grm_replica_restarts", "Restarts of a replica after a crash.", ["replica"],
@@ -44,10 +56,32 @@ class Metrics:
         )
         self.replica_serialized = Gauge(
             "grm_replica_serialized", "1 when the replica runs one request at a time.",
-            ["replica"], registry=r,
+            ["replica"], registry=r, multiprocess_mode="livemax",
         )
         self.score_items = Counter(
             "grm_score_items", "Scored items, by scorer and status (ok or error): a batch "
             "answered 200 can still hold failed items.", ["scorer", "status"], registry=r,
         )
         self.info = Info("grm_service", "Service identity.", registry=r)
+        self.worker_requests: Gauge | None = None
+        self._own = CollectorRegistry()  # what the multiprocess files cannot carry
+        if multiprocess_dir is not None:
+            self.worker_requests = Gauge(
+                "grm_worker_requests", "Requests answered by each worker process (its pid is a "
+                "label; updated every second).", ["worker"], registry=r,
+                multiprocess_mode="liveall",
+            )
+            self._own.register(self.info)
+
+    def render(self) -> bytes:
+        """The exposition text of /metrics: this process's, or every worker's merged."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        return generate_latest(merged) + generate_latest(self._own)
+
+    def answered(self) -> float:
+        """Requests this process answered (its own value, in multiprocess mode too)."""
+        return sum(s.value for m in self.requests.collect() for s in m.samples
+                   if s.name.endswith("_total"))

@@ -24,8 +24,9 @@ _GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the engine's process, before exec (Linux: prctl; elsewhere nothing to do)."""
+def die_with_parent(parent: int) -> None:
+    """SIGTERM this process when `parent` dies (Linux: prctl; elsewhere nothing to do). In the
+    engine's process, before exec; in a gateway worker, first thing."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: None)
     me = os.getpid()
     # preexec_fn is safe here: the reaper runs no other thread.
-    child = subprocess.Popen(argv[3:], preexec_fn=lambda: _die_with_parent(me))
+    child = subprocess.Popen(argv[3:], preexec_fn=lambda: die_with_parent(me))
     return _watch(lifeline, child)
 
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from fastapi import FastAPI, Request
@@ -30,10 +30,13 @@ from grm_service.metrics import Metrics
 from grm_service.pooling_canary import PoolingCanary
 from grm_service.proxy import Gateway
 from grm_service.replica_identity import ReplicaIdentity
-from grm_service.replicas import Replica
+from grm_service.replicas import Replica, ReplicaPool
 from grm_service.scoring.registry import registered
+from grm_service.shared_gate import GateFile
+from grm_service.snapshot import Follower, Published
 from grm_service.sources import attached_sources, local_sources
 from grm_service.upstream import Upstream
+from grm_service.workers import WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -91,37 +94,87 @@ def _report_start(on_fatal: OnFatal | None, task: asyncio.Task[None]) -> None:
         on_fatal(message)
 
 
+class ReplicaSide(Protocol):
+    """Whoever keeps this process's replica pool current."""
+
+    pool: ReplicaPool
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _replica_side(
+    settings: Settings, worker: WorkerRole | None, metrics: Metrics, admission: Admission,
+    probes: httpx.AsyncClient,
+) -> tuple[ReplicaSide, Callable[[], Awaitable[None]] | None]:
+    """The keeper; with `--workers N`, the keeper's worker publishes its replica set and the
+    others follow it, every replica's gate shared by all of them."""
+    if worker is None:
+        return _keeper(settings, metrics, admission, probes)
+    gates = GateFile(worker.gates_path, worker.index, worker.count)
+    keeper, close_cluster = (_keeper(settings, metrics, admission, probes) if worker.keeper
+                             else (None, None))
+
+    async def close() -> None:
+        if close_cluster is not None:
+            await close_cluster()
+        gates.close()  # last: closing the file drops this process's locks
+
+    if keeper is None:
+        return Follower(worker.snapshot_path, gates.gate), close
+    for index, replica in enumerate(keeper.pool.replicas):
+        replica.gate = gates.gate(index)
+    bound = settings.drain_timeout_s + settings.shutdown_grace_s
+    return Published(keeper, worker.snapshot_path, lambda: worker.followers_gone(bound)), close
+
+
+async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
+    """`grm_worker_requests`: which worker answers how much (off the hot path, every second)."""
+    assert metrics.worker_requests is not None
+    gauge = metrics.worker_requests.labels(worker=str(worker.index))
+    while True:
+        gauge.set(metrics.answered())
+        await asyncio.sleep(1.0)
+
+
 def _lifespan(
-    settings: Settings, on_fatal: OnFatal | None
+    settings: Settings, on_fatal: OnFatal | None, worker: WorkerRole | None
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A bad --scorers entry fails start-up rather than the first request.
         log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
-        metrics = Metrics()
+        metrics = Metrics(worker.metrics_dir if worker else None)
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
         admission = Admission(settings, probes, _output_checks(settings, metrics))
-        keeper, close_cluster = _keeper(settings, metrics, admission, probes)
+        side, close_side = _replica_side(settings, worker, metrics, admission, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
         client = Upstream(settings.request_timeout_s, ack_timeout_s=settings.backend_ack_timeout_s)
-        auditor = Auditor(settings.audit_fraction, settings.audit_max_per_s, metrics)
-        gw = Gateway(settings=settings, pool=keeper.pool, client=client, metrics=metrics,
+        # With N workers each one audits at 1/N of the rate: the limit holds for the service.
+        audit_rate = settings.audit_max_per_s / (worker.count if worker else 1)
+        auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
+        gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
                      auditor=auditor)
-        admission.on_reference(lambda ref: _settled(gw, ref))
+        (side if isinstance(side, Follower) else admission).on_reference(
+            lambda ref: _settled(gw, ref))
         app.state.gateway = gw
-        starting = asyncio.create_task(keeper.start(), name="grm-start")
-        starting.add_done_callback(lambda task: _report_start(on_fatal, task))
+        background = [asyncio.create_task(side.start(), name="grm-start")]
+        background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
+        if worker is not None:
+            background.append(asyncio.create_task(_count_answered(metrics, worker)))
         try:
             yield
         finally:
             gw.draining = True
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await starting
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await auditor.close()
-            await keeper.stop()
-            if close_cluster is not None:
-                await close_cluster()
+            await side.stop()
+            if close_side is not None:
+                await close_side()
             await probes.aclose()
             await client.close()
 
@@ -152,10 +205,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(validation_body(exc), status_code=422)
 
 
-def create_app(settings: Settings, on_fatal: OnFatal | None = None) -> HotPath:
-    """The hot routes (api/hotpath.py) in front of the FastAPI app, which serves the rest."""
+def create_app(settings: Settings, on_fatal: OnFatal | None = None,
+               worker: WorkerRole | None = None) -> HotPath:
+    """The hot routes (api/hotpath.py) in front of the FastAPI app, which serves the rest.
+    `worker`: this process is one of `serve --workers N` (workers.py)."""
     app = FastAPI(title="grm-service", version=__version__,
-                  lifespan=_lifespan(settings, on_fatal))
+                  lifespan=_lifespan(settings, on_fatal, worker))
     app.add_exception_handler(GrmError, _grm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(Guards, settings=settings)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from grm_service.api.deps import gateway
 from grm_service.api.guards import AUTHORIZED
@@ -41,7 +41,7 @@ async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(gw: GatewayDep) -> Response:
-    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/fingerprint")

@@ -6,6 +6,8 @@ probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--gar
 html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers).
 With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
 /stub/received` to clear), so a test can assert what reached an engine, or that nothing did.
+`GET /stub/overlap` tells the most requests it held at once (`DELETE` starts over): with
+`--delay`, a test can see whether requests that must run alone ever overlapped.
 Start: `python -m grm_service.testing.stub_openai --port 0`; it prints `PORT <n>` once listening.
 """
 
@@ -54,6 +56,7 @@ def garbage_app(kind: str) -> Starlette:
 def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
               version: str = "stub", record: int = 0) -> Starlette:
     received: deque[dict[str, Any]] = deque(maxlen=record or 1)
+    held = {"now": 0, "most": 0}
 
     def keep(path: str, raw: bytes) -> None:
         if record:
@@ -66,7 +69,12 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         raw = await request.body()
         keep("/v1/chat/completions", raw)
         if delay_s:
-            await asyncio.sleep(delay_s)
+            held["now"] += 1
+            held["most"] = max(held["most"], held["now"])
+            try:
+                await asyncio.sleep(delay_s)
+            finally:
+                held["now"] -= 1
         if fail:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
         return JSONResponse(_completion(json.loads(raw), raw))
@@ -80,6 +88,11 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         if request.method == "DELETE":
             received.clear()
         return JSONResponse(list(received) if record else [])
+
+    async def overlap(request: Request) -> JSONResponse:
+        if request.method == "DELETE":
+            held["most"] = held["now"]
+        return JSONResponse({"max_in_flight": held["most"]})
 
     async def engine_version(_: Request) -> JSONResponse:
         return JSONResponse({"version": version})
@@ -95,6 +108,7 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/classify", classify, methods=["POST"]),
         Route("/stub/received", seen, methods=["GET", "DELETE"]),
+        Route("/stub/overlap", overlap, methods=["GET", "DELETE"]),
     ])
 
 
