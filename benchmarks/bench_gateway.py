@@ -7,6 +7,7 @@ percentiles, and CPU seconds per request of the contender process, the stubs and
 
     .venv/bin/python benchmarks/bench_gateway.py                # ~6 min, prints the table
     .venv/bin/python benchmarks/bench_gateway.py --variant fix=/tmp/grm-fix  # + a patched copy
+    .venv/bin/python benchmarks/bench_gateway.py --gateway-workers 1 2  # serve --workers 1, 2
 
 Writes benchmarks/results/gateway.json (every run) and gateway.md (the summary tables).
 """
@@ -73,8 +74,15 @@ def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, P
 def _start_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
     """N independent gateways on the same stubs, load split over them: what N processes give
     (an upper bound: each has its own replica gates, not one shared set)."""
-    started = [procs.start_grm(f, backends, f"grm-service-w{i}") for i in range(n)]
+    started = [procs.start_grm(f, backends, f"grm-service-x{n}-{i}") for i in range(n)]
     return Contender(f"grm-service-x{n}", [p.url for p in started], started)
+
+
+def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
+    """`serve --workers N`: one port, one replica set; CPU counts every worker (descendants)."""
+    name = f"grm-service-w{n}"
+    proc = procs.start_grm(f, backends, name, extra=["--workers", str(n)])
+    return Contender(name, [proc.url], [proc])
 
 
 def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
@@ -154,6 +162,8 @@ def main() -> None:
                         help="also run grm-service imported from DIR/grm_service")
     parser.add_argument("--workers", type=int, nargs="*", default=[], metavar="N",
                         help="also run N independent grm-service processes, load split")
+    parser.add_argument("--gateway-workers", type=int, nargs="*", default=[], metavar="N",
+                        help="also run grm-service with --workers N (contender grm-service-wN)")
     parser.add_argument("--out", default="gateway")
     parser.add_argument("--resummarize", type=Path, default=None, metavar="JSON",
                         help="only rebuild the tables of an earlier run's JSON")
@@ -180,6 +190,8 @@ def main() -> None:
                 print(f"!! {name} did not start: {failed[name]}", file=sys.stderr)
         for n in args.workers:
             contenders.append(_start_workers(f, n, backends))
+        for n in args.gateway_workers:
+            contenders.append(_start_gateway_workers(f, n, backends))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
             for conc in args.concurrency:
@@ -191,7 +203,8 @@ def main() -> None:
                     print(f"round {rnd} c={conc:<4} {c.name:<14} {run.rps:>8.0f} req/s "
                           f"p50 {run.p50_ms:8.3f} p99 {run.p99_ms:9.3f} ms  "
                           f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
-    present = [c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
+    present = ([c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
+               + [f"grm-service-w{n}" for n in args.gateway_workers])
     table = summarize(runs, present)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
