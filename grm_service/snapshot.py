@@ -96,7 +96,8 @@ class Published:
     """The keeper, in the worker that runs it: its replica set written out on every change.
 
     `followers_gone` resolves once the other workers have drained and exited: only then are the
-    replicas stopped, so a follower's in-flight requests finish on a running replica."""
+    replicas stopped, so a follower's in-flight requests finish on a running replica. (Not
+    awaited when no replica was ever published ready, e.g. a failed start: nothing to finish.)"""
 
     def __init__(self, keeper: Keeper, path: Path,
                  followers_gone: Callable[[], Awaitable[None]]) -> None:
@@ -106,6 +107,7 @@ class Published:
         self._followers_gone = followers_gone
         self._last: Snapshot | None = None
         self._version = 0
+        self._served = False
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -125,10 +127,12 @@ class Published:
         if snapshot == self._last:
             return
         self._last, self._version = snapshot, self._version + 1
+        self._served = self._served or bool(self.pool.ready())
         write(self.path, {"version": self._version, "keeper_pid": os.getpid(), **snapshot})
 
     async def stop(self) -> None:
-        await self._followers_gone()
+        if self._served:
+            await self._followers_gone()
         await self.keeper.stop()
         if self._task is not None:
             self._task.cancel()
