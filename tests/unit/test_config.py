@@ -31,6 +31,8 @@ def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"model": "m", "replicas": 0}, "greater than or equal to 1"),
         ({"backend_urls": ["ftp://x"]}, "must start with http"),
         ({"model": "m", "serialize": "sometimes"}, "'auto', 'on' or 'off'"),
+        ({"model": "m", "workers": 0}, "greater than or equal to 1"),
+        ({"model": "m", "workers": 4, "max_inflight_per_replica": 3}, "at least 4"),
     ],
 )
 def test_invalid_settings_say_what_to_fix(kwargs: dict[str, object], message: str) -> None:
@@ -42,3 +44,10 @@ def test_settings_are_frozen() -> None:
     s = Settings(model="m")
     with pytest.raises(ValidationError):
         s.seed = 1  # type: ignore[misc]
+
+
+def test_settings_reach_a_worker_process_unchanged() -> None:
+    """`serve --workers N` hands each worker the settings as JSON (workers.py)."""
+    given = Settings(model="m", workers=3, gpus=[0, 1], engine_env={"X": "1"},
+                     api_keys=["k"], max_model_len=2048, engine_args=["--enforce-eager"])
+    assert Settings.model_validate_json(given.model_dump_json()) == given
