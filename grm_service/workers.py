@@ -46,6 +46,7 @@ import uvicorn
 from prometheus_client import multiprocess
 
 from grm_service.config import Settings
+from grm_service.keeper import backoff_s
 from grm_service.snapshot import mark_down
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class Worker:
         self._argv, self._env, self._settings, self._fds = argv, env, settings_json, fds
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)
+        self._relaying: threading.Thread | None = None
         self.started_at = 0.0
 
     @property
@@ -130,8 +132,9 @@ class Worker:
         self._proc.stdin.write(self._settings)  # on a pipe: the settings may hold API keys
         self._proc.stdin.close()
         self.started_at = time.monotonic()
-        threading.Thread(target=self._relay, args=(self._proc.stdout,), daemon=True,
-                         name=f"grm-worker-{self.index}-output").start()
+        self._relaying = threading.Thread(target=self._relay, args=(self._proc.stdout,),
+                                          daemon=True, name=f"grm-worker-{self.index}-output")
+        self._relaying.start()
         log.info("worker %d started (pid %d)", self.index, self._proc.pid)
 
     def _relay(self, out: IO[bytes]) -> None:
@@ -165,6 +168,9 @@ class Worker:
         self.wait(10)
 
     def tail(self) -> str:
+        """Its last lines; once it has exited, up to its very last one."""
+        if self._relaying is not None and self.returncode() is not None:
+            self._relaying.join(2.0)
         return b"".join(self._tail).decode(errors="replace")
 
 
@@ -254,8 +260,7 @@ class Manager:
             mark_down(self.run_dir / "replicas.json", "the keeper's worker is restarting")
         stable = now - worker.started_at >= self.settings.restart_stable_s
         self._crashes[worker.index] = 1 if stable else self._crashes[worker.index] + 1
-        delay = min(self.settings.restart_backoff_max_s,
-                    2.0 ** (min(self._crashes[worker.index], 16) - 1))
+        delay = backoff_s(self._crashes[worker.index], 1.0, self.settings.restart_backoff_max_s)
         log.error("worker %d (pid %d) exited (%d); starting it again in %.0f s; last lines:\n%s",
                   worker.index, worker.pid, code, delay, worker.tail())
         self._due[worker.index] = now + delay
