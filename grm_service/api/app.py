@@ -156,6 +156,7 @@ def _lifespan(
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
                      auditor=auditor)
+        # The reference identity: admission's where the keeper runs, else the snapshot's.
         (side if isinstance(side, Follower) else admission).on_reference(
             lambda ref: _settled(gw, ref))
         app.state.gateway = gw
