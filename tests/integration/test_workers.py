@@ -35,8 +35,9 @@ def stubs(tmp_path: Path) -> Iterator[list[Proc]]:
 def _gateway(tmp_path: Path, stubs: list[Proc]) -> Proc:
     urls = [a for s in stubs for a in ("--backend-url", s.url)]
     # Every request must run alone on its replica, from whichever worker it comes.
+    # TMPDIR: the run dir a SIGKILLed manager leaves behind stays in the test's folder.
     gw = start_gateway(tmp_path, *urls, "--served-model-name", "rm", "--workers", "2",
-                       "--serialize", "on")
+                       "--serialize", "on", env={"TMPDIR": str(tmp_path)})
     wait_ready(gw, 60)
     return gw
 
@@ -140,3 +141,19 @@ def test_sigterm_drains_every_worker_and_leaves_nothing(
     assert pids_alive(workers) == []
     log = gw.log.read_text()
     assert log.count("draining: new requests get 503") == 2
+    assert not list(tmp_path.glob("grm-workers-*"))  # the run dir is removed
+
+
+def test_workers_end_with_a_killed_manager(tmp_path: Path, stubs: list[Proc]) -> None:
+    gw = _gateway(tmp_path, stubs)
+    workers = descendants(gw.popen.pid)
+    assert len(workers) == 2
+    os.kill(gw.popen.pid, signal.SIGKILL)  # no chance to stop them: the parent-death signal
+    gw.popen.wait(10)
+    deadline = time.monotonic() + 30
+    while pids_alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids_alive(workers) == []
+    # Only the manager removes the run dir (a SIGKILL leaves it in TMPDIR): proof that the
+    # check of its removal after SIGTERM looks in the right place.
+    assert len(list(tmp_path.glob("grm-workers-*"))) == 1
