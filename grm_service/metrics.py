@@ -14,6 +14,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+# Where the workers of `serve --workers N` write their values (workers.py sets it for them).
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 

@@ -47,6 +47,7 @@ from prometheus_client import multiprocess
 
 from grm_service.config import Settings
 from grm_service.keeper import backoff_s
+from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.snapshot import mark_down
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ class Manager:
         self._fatal = False
         self._sock = _bind(settings)
         self._followers_r, self._followers_w = os.pipe()
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(run_dir / "metrics")}
+        env = {**os.environ, MULTIPROCESS_ENV: str(run_dir / "metrics")}
         payload = settings.model_dump_json().encode()
         self.workers = [self._worker(i, log_level, env, payload) for i in range(settings.workers)]
         self._due: dict[int, float] = {}  # worker index -> when to start it again

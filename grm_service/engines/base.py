@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from grm_service.config import Settings
 from grm_service.host import distribution_version
+from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replica_identity import CACHE_DIR_ENV, MIDDLEWARE, arg_value
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class Engine(ABC):
         """The one child recipe. `base_env` is the launching process's environment (copied,
         never changed); the replica serves its own identity through the middleware."""
         argv = [*self.argv(spec, host), "--middleware", MIDDLEWARE]
+        # A gateway worker's metrics folder: an engine writing its own metrics there would show
+        # them in the gateway's /metrics (an engine_env entry still sets one on purpose).
+        base_env = {k: v for k, v in base_env.items() if k != MULTIPROCESS_ENV}
         env = {**base_env, **self.deterministic_env(), **self.settings.engine_env,
                **self.replica_env(spec), CACHE_DIR_ENV: str(self.settings.cache_dir)}
         return ChildCommand(argv, env, (spec.tmp_dir, spec.work_dir / "vllm-cache"))

@@ -28,3 +28,11 @@ def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> N
     # Every folder the recipe points the engine at exists (TMPDIR included).
     assert Path(env["TMPDIR"]).is_dir() and Path(env["VLLM_CACHE_ROOT"]).is_dir()
     assert all(folder.is_dir() for folder in command.dirs)
+
+
+def test_a_gateway_workers_metrics_folder_does_not_reach_the_engine(tmp_path: Path) -> None:
+    """`serve --workers N` gives its workers PROMETHEUS_MULTIPROC_DIR; the replicas they start
+    must not write their metrics into the gateway's /metrics."""
+    settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
+    command = backend_command(settings, {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": "/run/x"})
+    assert "PROMETHEUS_MULTIPROC_DIR" not in command.env and command.env["PATH"] == "/bin"
