@@ -56,9 +56,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The worker processes of `serve --workers N` under `pid` (not its replicas' processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int(_stat(int(entry.name))[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid and b"grm_service.worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """utime+stime of the gateway: its process and, with --workers N, its worker processes."""
+    total = 0.0
+    for one in [pid, *_workers_of(pid)]:
+        with contextlib.suppress(OSError):
+            fields = _stat(one)
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
 
 
 @dataclass
@@ -100,10 +125,12 @@ def spawn(procs: list[Proc], name: str, argv: list[str], port: int) -> Proc:
     return proc
 
 
-def gateway(procs: list[Proc], name: str, args: list[str], engine_args: list[str]) -> Proc:
+def gateway(procs: list[Proc], name: str, args: list[str], engine_args: list[str],
+            workers: int = 1) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--work-dir", str(LOGS / f"work-{name}"), "--log-level", "info", *args]
+            "--work-dir", str(LOGS / f"work-{name}"), "--log-level", "info",
+            "--workers", str(workers), *args]
     return spawn(procs, name, argv + (["--", *engine_args] if engine_args else []), port)
 
 
@@ -376,6 +403,8 @@ def main() -> None:
     parser.add_argument("--cls-rounds", type=int, default=3)
     parser.add_argument("--ready-timeout", type=float, default=420)
     parser.add_argument("--stub", action="store_true", help="dry run on CPU stub replicas")
+    parser.add_argument("--gateway-workers", type=int, default=1,
+                        help="gateway processes on the port (serve --workers N)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     with processes() as procs:
@@ -385,20 +414,21 @@ def main() -> None:
                                          "--port", str(port)], port)
             time.sleep(2)
             vl = gateway(procs, "gw-vl", ["--backend-url", stub.url, "--served-model-name",
-                                          "rm"], [])
+                                          "rm"], [], args.gateway_workers)
             model, cls = "rm", None
         else:
             common = ["--engine", "vllm", "--dtype", "bfloat16", "--max-model-len", "4096"]
             vl_args = [*common, "--model", args.vl, "--served-model-name", "vl"]
             vl_engine = ["--gpu-memory-utilization", args.mem, "--max-num-seqs", "256",
                          "--generation-config", "vllm", "--limit-mm-per-prompt", '{"image": 1}']
-            vl = gateway(procs, "gw-vl", vl_args, vl_engine) if args.vl else None
+            vl = (gateway(procs, "gw-vl", vl_args, vl_engine, args.gateway_workers)
+                  if args.vl else None)
             model, cls = "vl", None
             if args.cls:
                 cgw = gateway(procs, "gw-cls", [*common, "--model", args.cls,
                                                 "--served-model-name", "cls"],
                               ["--gpu-memory-utilization", args.cls_mem,
-                               "--max-num-seqs", "256"])
+                               "--max-num-seqs", "256"], args.gateway_workers)
         try:
             wait_ready([p for p in procs if p.name.startswith("gw-")], args.ready_timeout)
         except RuntimeError:
