@@ -244,8 +244,9 @@ async def forward(
     """Check a prepared body, send it to its replica, fail over along the rendezvous order."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
-    await check(gw, path, body)
-    raw = router.canonical_json(body)  # once: the routing key and the request digest share it
+    inline = await check(gw, path, body)
+    # Once: the routing key and the request digest share it. Inline images are the long strings.
+    raw = router.canonical_json(body, long_strings=bool(inline))
     order = route(gw, router.key_of(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
@@ -274,13 +275,15 @@ async def forward(
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
 
 
-async def check(gw: Gateway, path: str, body: dict[str, Any]) -> None:
-    """`checkpoint.check_body`, with large inline images decoded off the event loop."""
+async def check(gw: Gateway, path: str, body: dict[str, Any]) -> list[str]:
+    """`checkpoint.check_body`, with large inline images decoded off the event loop; returns
+    the inline images' data URLs."""
     inline = checkpoint.scan(path, body, gw.limits)
     if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
         await asyncio.to_thread(checkpoint.check_images, inline, gw.limits)
     else:
         checkpoint.check_images(inline, gw.limits)
+    return inline
 
 
 def _record(gw: Gateway, replica: Replica, ok: bool) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grm_service import longstrings
 from grm_service.api.deps import PIN_HEADER
 from grm_service.api.guards import key_ok
 from grm_service.checkpoint import check_json_shape
@@ -65,8 +66,10 @@ _DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 def load_json(raw: bytes) -> Any:
     """The body as Python values, or _NotPlain: invalid UTF-8/JSON, non-finite numbers."""
     try:
+        if len(raw) >= longstrings.LONG:  # it may hold an image: parsed without its strings
+            return longstrings.loads(raw, _finite)
         return _DECODER.decode(raw.decode())
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except ValueError:  # UnicodeDecodeError, JSONDecodeError and a NaN literal are ValueErrors
         raise _NotPlain from None
 
 
