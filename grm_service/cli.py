@@ -28,6 +28,7 @@ from grm_service.config import (
     Settings,
 )
 from grm_service.engines import select_engine
+from grm_service.heap import keep_freed_memory
 from grm_service.replica_identity import compute_identity
 from grm_service.server import DrainingServer
 from grm_service.workers import WorkerRole, run_workers
@@ -115,6 +116,7 @@ def run_server(
     if worker is None and settings.workers > 1:
         return run_workers(settings, log_level)
     failure: list[str] = []
+    keep_freed_memory(settings.malloc_keep_bytes)
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
                             access_log=settings.access_log,

@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         False, description="One log line per request (uvicorn's access log); costs CPU."
     )
+    malloc_keep_bytes: int = Field(
+        256 << 20, ge=0,
+        description="Freed memory the gateway keeps for reuse instead of returning it to the OS "
+        "(glibc); 0 = the C library's default. Image requests otherwise fault their buffers "
+        "in anew each time.",
+    )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
         description="Replica logs, temp and compile caches.",
