@@ -17,18 +17,22 @@ Same values, same bytes, by construction (and by `tests/unit/test_longstrings.py
   there too, to those bytes; when the skeleton holds any other `NaN` text, or not every
   string came back as a value, or the skeleton does not parse, the whole body is parsed as is.
 - `canonical(body)`: the C encoder `json.dumps` uses, with the same arguments, except that a
-  long ASCII string with nothing to escape is written as a NUL placeholder (a character the
-  encoder never writes raw), and its bytes are spliced in at the placeholders afterwards.
+  long string with nothing to escape is written as a NUL placeholder (a character the encoder
+  never writes raw), and its bytes are spliced in at the placeholders afterwards. A string
+  `loads` lifted (`Lifted`) is known to need no escaping and its bytes are still in the body
+  read: those are spliced as they are, with no check and no copy.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
+from json.encoder import c_encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import numpy as np
+
+from grm_service.router import canonical_encoder
 
 # Strings shorter than this go through `json` as usual: below it the checks cost more than the
 # per-character loops they skip.
@@ -37,18 +41,36 @@ LONG = 8192
 _TOKEN = b"NaN"  # stands for a lifted string in the text parsed; a client's NaN is refused
 _VALUE_ENDS = b",]}"
 _MARK = "\x00"  # the encoder escapes every control character a string holds: never written raw
-_ENCODE_DEFAULT = json.JSONEncoder().default  # the TypeError json.dumps raises
 
 
 class _Refused(ValueError):
     """A NaN or Infinity literal in the body."""
 
 
+class Lifted:
+    """The strings one `loads` call lifted, by identity, with their bytes in the body read:
+    valid UTF-8 with no quote, backslash or control character, i.e. their JSON form."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        # The string itself is kept: its id cannot be reused by another object meanwhile.
+        self._by_id: dict[int, tuple[str, memoryview]] = {}
+
+    def add(self, text: str, data: memoryview) -> None:
+        self._by_id[id(text)] = (text, data)
+
+    def bytes_of(self, text: str) -> memoryview | None:
+        entry = self._by_id.get(id(text))
+        return entry[1] if entry is not None and entry[0] is text else None
+
+
 # ---- parse ----------------------------------------------------------------------------------
 
-def loads(raw: bytes, parse_float: Callable[[str], Any] = float) -> Any:
+def loads(raw: bytes, parse_float: Callable[[str], Any] = float,
+          lifted: Lifted | None = None) -> Any:
     """`json.loads(raw)` with `parse_float`, refusing NaN/Infinity literals with a ValueError
-    (so does any invalid JSON or UTF-8)."""
+    (so does any invalid JSON or UTF-8). The strings lifted out of the parse go to `lifted`."""
     spans = [span for span in _gaps(raw) if _plain_value(raw, *span)]
     if spans:
         skeleton, strings = _lift(raw, spans)
@@ -62,6 +84,10 @@ def loads(raw: bytes, parse_float: Callable[[str], Any] = float) -> Any:
                 pass
             else:
                 if next(given, None) is None:
+                    if lifted is not None:
+                        view = memoryview(raw)
+                        for text, (start, end) in zip(strings, spans, strict=True):
+                            lifted.add(text, view[start:end])
                     return value
     return json.JSONDecoder(parse_float=parse_float, parse_constant=_refuse).decode(raw.decode())
 
@@ -130,38 +156,37 @@ def _has_control(data: bytes | memoryview) -> bool:
 
 # ---- canonical JSON -------------------------------------------------------------------------
 
-def canonical(body: Any) -> bytes:
-    """`json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`."""
-    spliced: list[bytes] = []
+def canonical(body: Any, lifted: Lifted | None = None) -> bytes:
+    """`json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`,
+    i.e. `router.canonical_json(body)`."""
+    spliced: list[bytes | memoryview] = []
 
     def encode_str(text: str) -> str:
-        if len(text) >= LONG and text.isascii():  # isascii: O(1), the string knows its width
-            data = text.encode()
-            if b'"' not in data and b"\\" not in data and not _has_control(data):
+        if len(text) >= LONG:
+            data: bytes | memoryview | None = None if lifted is None else lifted.bytes_of(text)
+            if data is None:
+                data = _plain_bytes(text)
+            if data is not None:
                 spliced.append(data)
                 return _MARK
         return c_encode_basestring(text)  # type: ignore[no-any-return]
 
-    encoded = "".join(_encoder(encode_str)(body, 0)).encode()
+    encoded = "".join(canonical_encoder(encode_str)(body, 0)).encode()
     if not spliced:
         return encoded
     parts = encoded.split(_MARK.encode())
-    out = [parts[0]]
+    out: list[bytes | memoryview] = [parts[0]]
     for data, after in zip(spliced, parts[1:], strict=True):
         out += (b'"', data, b'"', after)
     return b"".join(out)
 
 
-def canonical_short(body: Any) -> bytes:
-    """The same bytes as `canonical`, for a body known to hold no long string: no Python call
-    per string."""
-    return "".join(_encoder(c_encode_basestring)(body, 0)).encode()
-
-
-def _encoder(encode_str: Callable[[str], str]) -> Callable[[Any, int], Any]:
-    # What json.dumps builds for these options (JSONEncoder.iterencode): a fresh `markers` dict
-    # (check_circular), its default, no indent, the separators, sort_keys, no skipkeys,
-    # allow_nan.
-    encoder: Callable[[Any, int], Any] = c_make_encoder(
-        {}, _ENCODE_DEFAULT, encode_str, None, ":", ",", True, False, True)
-    return encoder
+def _plain_bytes(text: str) -> bytes | None:
+    """The string's bytes when they are its JSON form: ASCII (isascii is O(1): the string
+    knows its width) with no quote, backslash or control character."""
+    if not text.isascii():
+        return None
+    data = text.encode()
+    if b'"' in data or b"\\" in data or _has_control(data):
+        return None
+    return data

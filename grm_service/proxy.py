@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from grm_service import checkpoint, router
+from grm_service import checkpoint, longstrings, router
 from grm_service.audit import Auditor
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
@@ -239,14 +239,16 @@ def _engine_message(payload: Any) -> str:
 
 
 async def forward(
-    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True
+    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True,
+    lifted: longstrings.Lifted | None = None,
 ) -> Forwarded:
-    """Check a prepared body, send it to its replica, fail over along the rendezvous order."""
+    """Check a prepared body, send it to its replica, fail over along the rendezvous order.
+    `lifted`: the body's long strings as the client sent them (`longstrings.loads`)."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     inline = await check(gw, path, body)
-    # Once: the routing key and the request digest share it. Inline images are the long strings.
-    raw = router.canonical_json(body, long_strings=bool(inline))
+    # Once: the routing key and the request digest share it. Inline images are long strings.
+    raw = longstrings.canonical(body, lifted) if inline else router.canonical_json(body)
     order = route(gw, router.key_of(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)

@@ -63,11 +63,12 @@ def _no_constant(_: str) -> Any:
 _DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 
 
-def load_json(raw: bytes) -> Any:
-    """The body as Python values, or _NotPlain: invalid UTF-8/JSON, non-finite numbers."""
+def load_json(raw: bytes, lifted: longstrings.Lifted | None = None) -> Any:
+    """The body as Python values, or _NotPlain: invalid UTF-8/JSON, non-finite numbers.
+    Long strings (images) are parsed by copying them, and noted in `lifted`."""
     try:
-        if len(raw) >= longstrings.LONG:  # it may hold an image: parsed without its strings
-            return longstrings.loads(raw, _finite)
+        if len(raw) >= longstrings.LONG:
+            return longstrings.loads(raw, _finite, lifted)
         return _DECODER.decode(raw.decode())
     except ValueError:  # UnicodeDecodeError, JSONDecodeError and a NaN literal are ValueErrors
         raise _NotPlain from None
@@ -189,9 +190,10 @@ class HotPath:
         start = time.perf_counter()
         try:
             _bounded(raw, self.max_depth, self.max_values)
-            body = load_json(raw)
+            lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
+            body = load_json(raw, lifted)
             handle = self._chat if path == CHAT else self._classify
-            answer = await handle(gw, body, head.pin)
+            answer = await handle(gw, body, head.pin, lifted)
         except _NotPlain:
             await self.app(scope, _replay(chunks, receive, complete=True), send)
             return
@@ -217,15 +219,19 @@ class HotPath:
                 return chunks, True
 
     @staticmethod
-    async def _chat(gw: Gateway, body: Any, pin: str | None) -> Forwarded:
+    async def _chat(gw: Gateway, body: Any, pin: str | None,
+                    lifted: longstrings.Lifted | None) -> Forwarded:
         # The checkpoint runs inside `forward`, on the body as prepared: one place for all paths.
-        return await forward(gw, CHAT, prepare(plain_chat(body), gw.settings), pin)
+        prepared = prepare(plain_chat(body), gw.settings)
+        return await forward(gw, CHAT, prepared, pin, lifted=lifted)
 
     @staticmethod
-    async def _classify(gw: Gateway, body: Any, pin: str | None) -> Forwarded:
+    async def _classify(gw: Gateway, body: Any, pin: str | None,
+                        lifted: longstrings.Lifted | None) -> Forwarded:
         if type(body) is not dict:
             raise _NotPlain
-        return await forward(gw, CLASSIFY, pooling_body(body, gw.settings.model_name), pin)
+        prepared = pooling_body(body, gw.settings.model_name)
+        return await forward(gw, CLASSIFY, prepared, pin, lifted=lifted)
 
     async def _reply(self, gw: Gateway, path: str, answer: Forwarded, send: Send,
                      start: float) -> None:
