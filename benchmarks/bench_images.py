@@ -10,7 +10,11 @@ and scanner noise (~2 MB). For each:
 - **gateway**: CPU seconds of the gateway process (all threads, minus its idle rate) per chat
   request carrying the image, sent one at a time over a kept-alive connection to a gateway in
   attach mode on two STUB replicas; `--before DIR` adds the same run of the `grm_service`
-  package in DIR (e.g. a checkout of main) as the "before" column.
+  package in DIR (e.g. a checkout of main) as the "before" column;
+- **steps** (second table): CPU per call of each whole-body step of the hot path, as each
+  tree's own code runs it, in a child interpreter per tree: the JSON shape bound, the parse,
+  the image check, the canonical JSON, its crc32 (routing key) and blake3 (request digest).
+  What the gateway column adds on top is the sockets, the event loop and the answer.
 
 Targets (issue: image requests cost what their bytes cost): <= 1 ms per 114 KB request and
 <= 5 ms per 2 MB request of gateway CPU.
@@ -28,11 +32,13 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, ImageDraw
 
@@ -139,13 +145,62 @@ def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
     return used / requests * 1e3
 
 
+def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
+    """ms of CPU per call of each whole-body step, as the grm_service on sys.path runs it."""
+    import zlib
+
+    from grm_service import router
+    from grm_service.api import hotpath
+    from grm_service.checkpoint import check_json_shape
+    from grm_service.fingerprint import digest
+
+    raw = json.dumps(body).encode()
+    limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
+    try:  # this branch: long strings lifted at parse, spliced into the canonical JSON
+        from grm_service import longstrings
+    except ImportError:
+        parse: Callable[[], Any] = lambda: (hotpath.load_json(raw), None)  # noqa: E731
+        canonical: Callable[[Any, Any], bytes] = lambda b, _: router.canonical_json(b)  # noqa: E731
+    else:
+        def parse() -> Any:
+            lifted = longstrings.Lifted()
+            return hotpath.load_json(raw, lifted), lifted
+        canonical = longstrings.canonical
+    parsed, lifted = parse()
+    canon = canonical(parsed, lifted)
+    assert canon == json.dumps(parsed, sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=False).encode()
+    calls = 50 if len(raw) < 500_000 else 10
+    steps = {
+        "shape": lambda: check_json_shape(raw, 64, 1_000_000),
+        "parse": parse,
+        "image check": lambda: check_body("/v1/chat/completions", parsed, limits),
+        "canonical JSON": lambda: canonical(parsed, lifted),
+        "crc32 (key)": lambda: zlib.crc32(canon),
+        "blake3 (digest)": lambda: digest(canon),
+    }
+    return {name: cpu_per_call(fn, calls) * 1e3 for name, fn in steps.items()}
+
+
+def steps_in_child(src: Path, image: str) -> dict[str, float]:
+    """`hot_path_steps` in a fresh interpreter with the package in `src` first on its path."""
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
+    out = subprocess.run([str(procs.MAIN_PY), __file__, "--steps-of", image], check=True,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+    return dict(json.loads(out.stdout))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, default=None,
                         help="folder holding the grm_service package to compare against")
     parser.add_argument("--requests", type=int, default=200, help="per image (page: a quarter)")
+    parser.add_argument("--steps-of", default=None, help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
+    if args.steps_of:
+        print(json.dumps(hot_path_steps(chat_body(images()[args.steps_of]))))
+        return
     pictures = images()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
     rows = []
@@ -157,6 +212,8 @@ def main() -> None:
             trees = {"before": args.before.resolve(), **trees}
         gateways = {label: start_gateway(f, urls, f"grm-{label}", src)
                     for label, src in trees.items()}
+        steps = {(name, label): steps_in_child(src, name)
+                 for name in pictures for label, src in trees.items()}
         for name, raw in pictures.items():
             body = chat_body(raw)
             encoded = json.dumps(body).encode()
@@ -170,6 +227,9 @@ def main() -> None:
                 row[f"gateway_{label}_ms"] = gateway_cpu_ms(gateway, encoded, count)
             rows.append(row)
     print_table(rows, list(gateways))
+    print_steps(steps, list(pictures), list(gateways))
+    print("\ntargets: gateway CPU <= 1 ms per 114 KB request, <= 5 ms per 2 MB request")
+    print("rerun: .venv/bin/python benchmarks/bench_images.py " + " ".join(sys.argv[1:]))
 
 
 def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:
@@ -180,8 +240,17 @@ def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:
     for row in rows:
         cells = [f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
         print("| " + " | ".join(cells) + " |")
-    print("\ntargets: gateway CPU <= 1 ms per 114 KB request, <= 5 ms per 2 MB request")
-    print("rerun: .venv/bin/python benchmarks/bench_images.py " + " ".join(sys.argv[1:]))
+
+
+def print_steps(steps: dict[tuple[str, str], dict[str, float]], names: list[str],
+                labels: list[str]) -> None:
+    columns = [f"{name}, {label}" for name in names for label in labels]
+    print("\n| step (ms CPU per call) | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (len(columns) + 1))
+    for step in [*steps[(names[0], labels[0])], "sum"]:
+        cells = [sum(steps[(n, lb)].values()) if step == "sum" else steps[(n, lb)][step]
+                 for n in names for lb in labels]
+        print(f"| {step} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
 
 
 if __name__ == "__main__":
