@@ -32,6 +32,14 @@ def digest(data: bytes, length: int = 32) -> str:
     return blake3.blake3(data).hexdigest()[:length]
 
 
+def parts_digest(parts: Iterable[bytes | memoryview], length: int = 32) -> str:
+    """`digest` of the concatenation of `parts`, without building it."""
+    hasher = blake3.blake3()
+    for part in parts:
+        hasher.update(part)
+    return hasher.hexdigest()[:length]
+
+
 def json_digest(obj: Any, length: int = 32) -> str:
     return digest(canonical_json(obj), length)
 

@@ -159,6 +159,12 @@ def _has_control(data: bytes | memoryview) -> bool:
 def canonical(body: Any, lifted: Lifted | None = None) -> bytes:
     """`json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`,
     i.e. `router.canonical_json(body)`."""
+    return b"".join(canonical_parts(body, lifted))
+
+
+def canonical_parts(body: Any, lifted: Lifted | None = None) -> list[bytes | memoryview]:
+    """`canonical(body)` in pieces that concatenate to it, the long strings uncopied: hashed
+    and sent as they are, the bytes are never joined."""
     spliced: list[bytes | memoryview] = []
 
     def encode_str(text: str) -> str:
@@ -173,12 +179,12 @@ def canonical(body: Any, lifted: Lifted | None = None) -> bytes:
 
     encoded = "".join(canonical_encoder(encode_str)(body, 0)).encode()
     if not spliced:
-        return encoded
+        return [encoded]
     parts = encoded.split(_MARK.encode())
     out: list[bytes | memoryview] = [parts[0]]
     for data, after in zip(spliced, parts[1:], strict=True):
         out += (b'"', data, b'"', after)
-    return b"".join(out)
+    return out
 
 
 def _plain_bytes(text: str) -> bytes | None:

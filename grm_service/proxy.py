@@ -25,7 +25,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, Identity, digest, response_digest
+from grm_service.fingerprint import Fingerprint, Identity, parts_digest, response_digest
 from grm_service.identity import PENDING, capabilities_of, describe
 from grm_service.metrics import Metrics
 from grm_service.replica_identity import ReplicaIdentity
@@ -34,6 +34,9 @@ from grm_service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
+
+# The canonical JSON of a body, in pieces (`longstrings.canonical_parts`): hashed and sent as is.
+Body = list[bytes | memoryview]
 
 # Inline images above this many base64 characters are checked in a worker thread: below it the
 # check costs less than the thread hop.
@@ -186,11 +189,11 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
         raise _Retryable("down", replica.name, "went down while the request waited")
 
 
-async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[int, bytes]:
+async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[int, bytes]:
     gauge = gw.inflight_gauge(replica.name)
     gauge.inc()
     try:
-        return await gw.client.post(replica.url, path, raw)
+        return await gw.client.post(replica.url, path, *raw)
     except TimeoutError as err:
         raise _Retryable("timeout", replica.name, "timed out") from err
     except OSError as err:  # refused, reset, closed early, not HTTP (ConnectionError is one)
@@ -201,7 +204,7 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: bytes) -> tuple[i
 
 
 async def _attempt(
-    gw: Gateway, replica: Replica, path: str, raw: bytes, alone: bool
+    gw: Gateway, replica: Replica, path: str, raw: Body, alone: bool
 ) -> dict[str, Any]:
     await _admit(gw, replica, alone)
     try:
@@ -248,8 +251,9 @@ async def forward(
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     inline = await check(gw, path, body)
     # Once: the routing key and the request digest share it. Inline images are long strings.
-    raw = longstrings.canonical(body, lifted) if inline else router.canonical_json(body)
-    order = route(gw, router.key_of(raw), pin)
+    raw: Body = (longstrings.canonical_parts(body, lifted) if inline
+                 else [router.canonical_json(body)])
+    order = route(gw, router.key_of_parts(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
     caps, mode = gw.capabilities, gw.settings.serialize
@@ -302,7 +306,7 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
 
 
 def _fingerprint(
-    gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes, payload: dict[str, Any],
+    gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body, payload: dict[str, Any],
     alone: bool,
 ) -> Fingerprint:
     ident = replica.identity
@@ -317,7 +321,8 @@ def _fingerprint(
         identity="verified" if ident.verified else "unverified", seed=seed,
         model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
         engine_version=ident.engine_version, device=ident.device, replica=replica.name,
-        serialized=alone, request_digest=digest(raw), response_digest=response_digest(payload),
+        serialized=alone, request_digest=parts_digest(raw),
+        response_digest=response_digest(payload),
     )
 
 

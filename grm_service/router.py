@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any
 
@@ -39,6 +39,14 @@ def canonical_encoder(encode_str: Callable[[str], str]) -> Callable[[Any, int], 
 
 def key_of(canonical: bytes) -> int:
     return zlib.crc32(canonical)
+
+
+def key_of_parts(parts: Iterable[bytes | memoryview]) -> int:
+    """`key_of` the concatenation of `parts`, without building it."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return crc
 
 
 def request_key(body: Mapping[str, Any]) -> int:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httptools
 
 Answer = tuple[int, bytes]  # (HTTP status, body)
+Body = tuple[bytes | memoryview, ...]  # sent one after the other
 
 # Below this a body is copied into the same buffer as the head: one send, one packet.
 _COALESCE_BYTES = 64 << 10
@@ -127,15 +128,15 @@ class _Connection(asyncio.Protocol):
     def _time_out(self) -> None:
         self._fail(TimeoutError("no complete answer in time"))
 
-    async def exchange(self, head: bytes, body: bytes, timeout_s: float) -> Answer:
+    async def exchange(self, head: bytes, body: Body, length: int, timeout_s: float) -> Answer:
         assert self.transport is not None
         waiter: asyncio.Future[Answer] = self.loop.create_future()
         self.waiter = waiter
         self.answered_bytes = False
-        if len(body) < _COALESCE_BYTES:
-            self.transport.write(head + body)
+        if length < _COALESCE_BYTES:
+            self.transport.write(b"".join((head, *body)))
         else:
-            self.transport.writelines((head, body))
+            self.transport.writelines((head, *body))
         # A timer handle, not asyncio.timeout(): this runs once per request.
         timer = self.loop.call_later(timeout_s, self._time_out)
         try:
@@ -160,18 +161,20 @@ class Upstream:
         self._idle: dict[str, list[_Connection]] = {}
         self._open: set[_Connection] = set()
 
-    async def post(self, base_url: str, path: str, body: bytes) -> Answer:
+    async def post(self, base_url: str, path: str, *body: bytes | memoryview) -> Answer:
+        """POST the concatenation of `body`'s parts (a long string among them is not copied)."""
         target = self._targets.get(base_url)
         if target is None:
             target = self._targets[base_url] = _Target.parse(base_url)
-        head = target.head(path, len(body))
+        length = sum(len(part) for part in body)
+        head = target.head(path, length)
         idle = self._idle.setdefault(base_url, [])
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to be closed by now
             if not conn.reusable:
                 continue
             try:
-                return await self._exchange(conn, idle, head, body)
+                return await self._exchange(conn, idle, head, body, length)
             except ConnectionError:
                 if conn.answered_bytes:
                     raise
@@ -179,12 +182,12 @@ class Upstream:
                 # so a fresh connection gets the same request.
                 break
         conn = await self._connect(target)
-        return await self._exchange(conn, idle, head, body)
+        return await self._exchange(conn, idle, head, body, length)
 
     async def _exchange(self, conn: _Connection, idle: list[_Connection], head: bytes,
-                        body: bytes) -> Answer:
+                        body: Body, length: int) -> Answer:
         try:
-            answer = await conn.exchange(head, body, self.timeout_s)
+            answer = await conn.exchange(head, body, length, self.timeout_s)
         except BaseException:  # cancelled mid-answer too: the connection's state is unknown
             self._discard(conn)
             raise

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grm_service import longstrings, router
+from grm_service import fingerprint, longstrings, router
 from grm_service.longstrings import LONG
 
 B64 = base64.b64encode(os.urandom(3 * LONG)).decode()
@@ -308,3 +308,22 @@ def test_gaps_finds_every_long_quote_free_run(raw: bytes) -> None:
     quotes = [i for i, c in enumerate(raw) if c == 0x22]
     expected = [(a + 1, b) for a, b in itertools.pairwise(quotes) if b - a - 1 >= LONG]
     assert longstrings._gaps(raw) == expected
+
+
+@given(st.binary(max_size=3 * LONG), st.lists(st.integers(0, 3 * LONG), max_size=4))
+def test_key_and_digest_of_parts_are_those_of_the_bytes(data: bytes, cuts: list[int]) -> None:
+    bounds = [0, *sorted(min(c, len(data)) for c in cuts), len(data)]
+    view = memoryview(data)
+    spans = enumerate(itertools.pairwise(bounds))
+    parts = [view[a:b] if i % 2 else data[a:b] for i, (a, b) in spans]
+    assert router.key_of_parts(parts) == router.key_of(data)
+    assert fingerprint.parts_digest(parts) == fingerprint.digest(data)
+
+
+def test_canonical_parts_join_to_the_canonical_bytes() -> None:
+    raw = b'{"b":"' + IMAGE.encode() + b'","a":[1,"' + IMAGE.encode() + b'"]}'
+    lifted = longstrings.Lifted()
+    body = longstrings.loads(raw, lifted=lifted)
+    parts = longstrings.canonical_parts(body, lifted)
+    assert any(isinstance(p, memoryview) for p in parts)  # the image is not copied
+    assert b"".join(parts) == reference_canonical(body)

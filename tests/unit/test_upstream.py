@@ -155,3 +155,14 @@ async def test_replica_behind_a_path_prefix(serve: Serve) -> None:
     await pool.post(srv.url, "/classify", b"{}")
     assert srv.targets == [b"/vllm/v1/chat/completions", b"/classify"]
     await pool.close()
+
+
+@pytest.mark.parametrize("size", [10, 200_000])  # one coalesced write; head and parts written
+async def test_a_body_in_parts_arrives_as_their_concatenation(serve: Serve, size: int) -> None:
+    srv = await serve(lambda body: ok(b"%d" % len(body)))
+    pool = Upstream(5.0)
+    long = bytes(range(256)) * (size // 256 + 1)
+    parts = (b'{"a":"', memoryview(long)[3:size], b'"}')
+    assert await pool.post(srv.url, "/p", *parts) == (200, b"%d" % (size + 5))
+    assert srv.bodies == [b"".join(parts)]
+    await pool.close()
