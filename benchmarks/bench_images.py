@@ -149,10 +149,9 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     """ms of CPU per call of each whole-body step, as the grm_service on sys.path runs it."""
     import zlib
 
-    from grm_service import router
+    from grm_service import fingerprint, router
     from grm_service.api import hotpath
     from grm_service.checkpoint import check_json_shape
-    from grm_service.fingerprint import digest
 
     raw = json.dumps(body).encode()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
@@ -160,24 +159,28 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
         from grm_service import longstrings
     except ImportError:
         parse: Callable[[], Any] = lambda: (hotpath.load_json(raw), None)  # noqa: E731
-        canonical: Callable[[Any, Any], bytes] = lambda b, _: router.canonical_json(b)  # noqa: E731
+        canonical: Callable[[Any, Any], list[Any]] = (  # noqa: E731
+            lambda b, _: [router.canonical_json(b)])
     else:
         def parse() -> Any:
             lifted = longstrings.Lifted()
             return hotpath.load_json(raw, lifted), lifted
-        canonical = longstrings.canonical
+        canonical = longstrings.canonical_parts
     parsed, lifted = parse()
-    canon = canonical(parsed, lifted)
-    assert canon == json.dumps(parsed, sort_keys=True, separators=(",", ":"),
-                               ensure_ascii=False).encode()
+    parts = canonical(parsed, lifted)
+    assert b"".join(parts) == json.dumps(parsed, sort_keys=True, separators=(",", ":"),
+                                         ensure_ascii=False).encode()
+    crc: Callable[[list[Any]], int] = getattr(router, "key_of_parts", lambda p: zlib.crc32(p[0]))
+    blake: Callable[[list[Any]], str] = getattr(fingerprint, "parts_digest",
+                                                lambda p: fingerprint.digest(p[0]))
     calls = 50 if len(raw) < 500_000 else 10
     steps = {
         "shape": lambda: check_json_shape(raw, 64, 1_000_000),
         "parse": parse,
         "image check": lambda: check_body("/v1/chat/completions", parsed, limits),
         "canonical JSON": lambda: canonical(parsed, lifted),
-        "crc32 (key)": lambda: zlib.crc32(canon),
-        "blake3 (digest)": lambda: digest(canon),
+        "crc32 (key)": lambda: crc(parts),
+        "blake3 (digest)": lambda: blake(parts),
     }
     return {name: cpu_per_call(fn, calls) * 1e3 for name, fn in steps.items()}
 
