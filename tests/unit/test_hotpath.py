@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from grm_service import longstrings
 from grm_service.api.hotpath import _NotPlain, load_json, plain_chat
 from grm_service.api.schemas import ChatCompletionRequest
 from grm_service.router import canonical_json
@@ -90,3 +91,44 @@ def test_plain_bodies_take_the_fast_path() -> None:
 def test_non_finite_or_undecodable_bodies_go_to_fastapi(raw: bytes) -> None:
     with pytest.raises(_NotPlain):
         plain_chat(load_json(raw))
+
+
+IMAGE = "data:image/png;base64," + "iVBORw0KGgo/+" * (2 * longstrings.LONG // 13)
+IMAGE_BODIES: list[Any] = [
+    {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": IMAGE}}, {"type": "text", "text": "é\n\\"}]}],
+     "temperature": 0.0, "seed": 3},
+    {"messages": [{"role": "user", "content": IMAGE}], "top_p": 1e-05, "extra": [2**70, 1e16]},
+    {"messages": [{"role": "user", "content": "x" * longstrings.LONG + "\x01"}]},
+    {"messages": [{"role": "user", "content": IMAGE}], "seed": True},
+]
+
+
+@pytest.mark.parametrize("body", IMAGE_BODIES, ids=range(len(IMAGE_BODIES)))
+def test_bodies_with_long_strings_give_pydantic_bytes(body: Any) -> None:
+    """Parsed without their long strings, canonical JSON with them spliced back in."""
+    for raw in (json.dumps(body).encode(), json.dumps(body, indent=1).encode()):
+        lifted = longstrings.Lifted()
+        try:
+            parsed = plain_chat(load_json(raw, lifted))
+        except _NotPlain:
+            assert _pydantic(json.loads(raw)) is None or body.get("seed") is True
+            continue
+        assert b"".join(longstrings.canonical_parts(parsed, lifted)) == _pydantic(json.loads(raw))
+        images = [s for s in _strings(parsed) if s == IMAGE]
+        assert all(lifted.bytes_of(s) is not None for s in images), "parsed the slow way"
+
+
+def _strings(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value]
+
+
+@pytest.mark.parametrize("tail", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b'"\xff"'])
+def test_long_bodies_with_non_finite_or_undecodable_values_go_to_fastapi(tail: bytes) -> None:
+    raw = b'{"messages": [{"content": "' + IMAGE.encode() + b'"}], "a": ' + tail + b"}"
+    with pytest.raises(_NotPlain):
+        plain_chat(load_json(raw, longstrings.Lifted()))
