@@ -58,6 +58,7 @@ from grm_service.images import (
     decode_base64,
     is_data_url,
 )
+from grm_service.longstrings import Lifted
 
 SEED_MAX = 2**63 - 1
 CHAT_PATH = "/v1/chat/completions"
@@ -150,9 +151,11 @@ def scan(path: str, body: Mapping[str, Any], limits: Limits) -> list[str]:
     return inline
 
 
-def check_images(urls: Iterable[str], limits: Limits) -> None:
+def check_images(urls: Iterable[str], limits: Limits, lifted: Lifted | None = None) -> None:
+    """`lifted`: the URLs' bytes in the body read (`longstrings.loads`), decoded uncopied."""
     for url in urls:
-        raw = decode_base64(data_url_payload(url), limits.images.max_bytes)
+        source = None if lifted is None else lifted.bytes_of(url)
+        raw = decode_base64(data_url_payload(url, source), limits.images.max_bytes)
         check_image(raw, limits.images)
 
 

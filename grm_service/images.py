@@ -57,18 +57,25 @@ def is_data_url(url: str) -> bool:
     return url[:5].lower() == _DATA
 
 
-def data_url_payload(url: str) -> str:
-    """The base64 part of `data:image/<type>;base64,<payload>`; ImageError for anything else."""
-    header, comma, payload = url.partition(",")
+def data_url_payload(url: str, raw: memoryview | None = None) -> str | memoryview:
+    """The base64 part of `data:image/<type>;base64,<payload>`; ImageError for anything else.
+
+    `raw`: the URL's UTF-8 bytes where they are at hand (the request body read): the payload
+    of an ASCII URL is then a view of them, not a copy of megabytes of string.
+    """
+    comma = url.find(",")
+    header = url if comma < 0 else url[:comma]
     media, _, encoding = header[len(_DATA):].partition(";")
-    if not comma or encoding.lower() != "base64":
+    if comma < 0 or encoding.lower() != "base64":
         raise ImageError("image data URL must be base64-encoded: data:image/<type>;base64,...")
     if not media.lower().startswith("image/"):
         raise ImageError(f"data URL media type {media!r} is not an image type (image/png, ...)")
-    return payload
+    if raw is not None and url.isascii():  # one byte per character: the offsets agree
+        return raw[comma + 1:]
+    return url[comma + 1:]
 
 
-def decode_base64(payload: str, max_bytes: int) -> bytes:
+def decode_base64(payload: str | memoryview, max_bytes: int) -> bytes:
     """Canonical base64 -> bytes, refusing before decoding when the result would be too big."""
     if len(payload) // 4 * 3 > max_bytes + 2:
         size = len(payload) // 4 * 3

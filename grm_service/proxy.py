@@ -249,7 +249,7 @@ async def forward(
     `lifted`: the body's long strings as the client sent them (`longstrings.loads`)."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
-    inline = await check(gw, path, body)
+    inline = await check(gw, path, body, lifted)
     # Once: the routing key and the request digest share it. Inline images are long strings.
     raw: Body = (longstrings.canonical_parts(body, lifted) if inline
                  else [router.canonical_json(body)])
@@ -281,14 +281,15 @@ async def forward(
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
 
 
-async def check(gw: Gateway, path: str, body: dict[str, Any]) -> list[str]:
+async def check(gw: Gateway, path: str, body: dict[str, Any],
+                lifted: longstrings.Lifted | None = None) -> list[str]:
     """`checkpoint.check_body`, with large inline images decoded off the event loop; returns
     the inline images' data URLs."""
     inline = checkpoint.scan(path, body, gw.limits)
     if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
-        await asyncio.to_thread(checkpoint.check_images, inline, gw.limits)
+        await asyncio.to_thread(checkpoint.check_images, inline, gw.limits, lifted)
     else:
-        checkpoint.check_images(inline, gw.limits)
+        checkpoint.check_images(inline, gw.limits, lifted)
     return inline
 
 

@@ -5,6 +5,7 @@ What reaches an engine through HTTP is tested in tests/integration/test_hostile_
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import random
@@ -14,7 +15,15 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from grm_service.checkpoint import Limits, Origin, check_body, check_seed, json_shape
+from grm_service import longstrings
+from grm_service.checkpoint import (
+    Limits,
+    Origin,
+    check_body,
+    check_images,
+    check_seed,
+    json_shape,
+)
 from grm_service.config import Settings
 from grm_service.errors import ConfigError, ImageError, InvalidRequest, OverLimit
 from grm_service.images import ImageLimits, check_image
@@ -130,3 +139,43 @@ def test_settings_limits_must_agree() -> None:
     with pytest.raises(ValidationError, match="GRM_MAX_TOKENS_LIMIT"):
         Settings(model="m", max_tokens_default=9000, max_tokens_limit=8192)
     Settings(model="m", max_body_bytes=1 << 20, max_image_bytes=512 << 10)
+
+
+def _noisy_png() -> str:
+    rng = random.Random(1)
+    img = Image.frombytes("L", (120, 120), bytes(rng.randrange(256) for _ in range(14400)))
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+PNG64 = _noisy_png()
+
+
+@pytest.mark.parametrize("url", [
+    "data:image/png;base64," + PNG64,
+    "data:image/png;base64," + PNG64[:-8],  # truncated
+    "data:image/png;base64," + PNG64[:5000] + "!" + PNG64[5001:],  # not base64
+    "data:image/png;base64," + PNG64[:5000] + "é" + PNG64[5001:],  # not ASCII
+    "data:image/pngé;base64," + PNG64,  # not ASCII before the payload: offsets differ
+    "data:image/png;base64" + PNG64,  # no comma
+    "data:text/plain;base64," + PNG64,
+    "data:image/png;utf8," + PNG64,
+])
+def test_images_checked_from_the_body_bytes_as_from_the_string(url: str) -> None:
+    """The hot path decodes a lifted image from the request bytes: same verdict, same words."""
+    raw = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]}, ensure_ascii=False).encode()
+    lifted = longstrings.Lifted()
+    body = longstrings.loads(raw, lifted=lifted)
+    found = body["messages"][0]["content"][0]["image_url"]["url"]
+    assert lifted.bytes_of(found) is not None
+
+    def verdict(given: longstrings.Lifted | None) -> str:
+        try:
+            check_images([found], LIMITS, given)
+        except ImageError as err:
+            return err.message
+        return "ok"
+
+    assert verdict(lifted) == verdict(None)
