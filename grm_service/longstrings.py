@@ -20,7 +20,9 @@ Same values, same bytes, by construction (and by `tests/unit/test_longstrings.py
   long string with nothing to escape is written as a NUL placeholder (a character the encoder
   never writes raw), and its bytes are spliced in at the placeholders afterwards. A string
   `loads` lifted (`Lifted`) is known to need no escaping and its bytes are still in the body
-  read: those are spliced as they are, with no check and no copy.
+  read: those are spliced as they are, with no check and no copy. `canonical_parts` leaves
+  the pieces unjoined: the routing key, the request digest and the send to the replica take
+  them one after the other, and the image check decodes the base64 from the same bytes.
 """
 
 from __future__ import annotations
