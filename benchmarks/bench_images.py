@@ -149,7 +149,7 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     """ms of CPU per call of each whole-body step, as the grm_service on sys.path runs it."""
     import zlib
 
-    from grm_service import fingerprint, router
+    from grm_service import checkpoint, fingerprint, router
     from grm_service.api import hotpath
     from grm_service.checkpoint import check_json_shape
 
@@ -161,11 +161,17 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
         parse: Callable[[], Any] = lambda: (hotpath.load_json(raw), None)  # noqa: E731
         canonical: Callable[[Any, Any], list[Any]] = (  # noqa: E731
             lambda b, _: [router.canonical_json(b)])
+        check: Callable[[Any, Any], None] = (  # noqa: E731
+            lambda b, _: check_body("/v1/chat/completions", b, limits))
     else:
         def parse() -> Any:
             lifted = longstrings.Lifted()
             return hotpath.load_json(raw, lifted), lifted
         canonical = longstrings.canonical_parts
+
+        def check(b: Any, lifted: Any) -> None:  # as proxy.check runs it
+            checkpoint.check_images(checkpoint.scan("/v1/chat/completions", b, limits), limits,
+                                    lifted)
     parsed, lifted = parse()
     parts = canonical(parsed, lifted)
     assert b"".join(parts) == json.dumps(parsed, sort_keys=True, separators=(",", ":"),
@@ -177,7 +183,7 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     steps = {
         "shape": lambda: check_json_shape(raw, 64, 1_000_000),
         "parse": parse,
-        "image check": lambda: check_body("/v1/chat/completions", parsed, limits),
+        "image check": lambda: check(parsed, lifted),
         "canonical JSON": lambda: canonical(parsed, lifted),
         "crc32 (key)": lambda: crc(parts),
         "blake3 (digest)": lambda: blake(parts),
