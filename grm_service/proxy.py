@@ -69,10 +69,14 @@ class Gateway:
     queued: int = 0
     limits: checkpoint.Limits = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.limits = checkpoint.Limits.from_settings(self.settings)
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
+    # (replica, seed) -> (the identity it was built from, the fingerprint fields they fix).
+    _stamps: dict[tuple[str, int], tuple[ReplicaIdentity, dict[str, Any]]] = field(
+        default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.limits = checkpoint.Limits.from_settings(self.settings)
 
     @property
     def inflight(self) -> int:
@@ -95,8 +99,16 @@ class Gateway:
 
 @dataclass(frozen=True)
 class Forwarded:
+    """The replica's answer and its fingerprint as `fields` (`Fingerprint`'s fields, in its
+    order: what the hot path renders); `fingerprint` builds the model when a caller wants it."""
+
     payload: dict[str, Any]
-    fingerprint: Fingerprint
+    fields: dict[str, Any]
+
+    @functools.cached_property
+    def fingerprint(self) -> Fingerprint:
+        # model_construct: every field was built by `_fingerprint` with its type.
+        return Fingerprint.model_construct(**self.fields)
 
 
 def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -146,22 +158,26 @@ def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode
 
 
 def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
-    ready = {r.name: r for r in gw.pool.ready()}
     if pin is not None:
-        if pin not in {r.name for r in gw.pool.replicas}:
-            known = ", ".join(r.name for r in gw.pool.replicas)
-            raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
-                                 f"replicas: {known}")
-        return [ready[pin]] if pin in ready else []
+        return _pinned(gw, pin)
     now = time.monotonic()
-    closed = {n: r for n, r in ready.items() if not r.breaker_open(now)}
+    up = gw.pool.ready()
     # With every breaker open, trying a tripped replica beats refusing outright.
-    ready = closed or ready
+    ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
     if gw.settings.routing is RoutingMode.LEAST_LOADED:
         names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
     else:
         names = router.rendezvous_order(key, list(ready))
     return [ready[n] for n in names]
+
+
+def _pinned(gw: Gateway, pin: str) -> list[Replica]:
+    replica = gw.pool.by_name(pin)
+    if replica is None:
+        known = ", ".join(r.name for r in gw.pool.replicas)
+        raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
+                             f"replicas: {known}")
+    return [replica] if replica.ready else []
 
 
 async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
@@ -264,19 +280,28 @@ async def forward(
             _record(gw, replica, ok=False)
             continue
         _record(gw, replica, ok=True)
-        fp = _fingerprint(gw, replica, body, raw, payload, serialized)
-        if audit and gw.auditor is not None:
-            # Only replicas claiming the same identity can be held to the same bits.
-            others = [r.name for r in gw.pool.ready()
-                      if r.name != replica.name and r.identity == replica.identity]
-            gw.auditor.submit(path, body, fp, others, functools.partial(_rerun, gw))
-        return Forwarded(payload, fp)
+        forwarded = Forwarded(payload, _fingerprint(gw, replica, body, raw, payload, serialized))
+        if audit and gw.auditor is not None and gw.auditor.draw():
+            _audit(gw, gw.auditor, path, body, replica, forwarded)
+        return forwarded
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any], replica: Replica,
+           forwarded: Forwarded) -> None:
+    # Only replicas claiming the same identity can be held to the same bits.
+    others = [r.name for r in gw.pool.ready()
+              if r.name != replica.name and r.identity == replica.identity]
+    other = auditor.choose(others)
+    if other is not None:
+        auditor.start(path, body, forwarded.fingerprint, other, functools.partial(_rerun, gw))
 
 
 async def check(gw: Gateway, path: str, body: dict[str, Any]) -> None:
     """`checkpoint.check_body`, with large inline images decoded off the event loop."""
     inline = checkpoint.scan(path, body, gw.limits)
+    if not inline:
+        return
     if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
         await asyncio.to_thread(checkpoint.check_images, inline, gw.limits)
     else:
@@ -299,26 +324,44 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
 def _fingerprint(
     gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes, payload: dict[str, Any],
     alone: bool,
-) -> Fingerprint:
-    ident = replica.identity
-    assert ident is not None, "admission reads the identity before a replica is routed to"
+) -> dict[str, Any]:
+    """`Fingerprint`'s fields, in its order."""
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
-    seed = gw.settings.seed if seed is None else seed
-    # model_construct: every field is built right here with its type; validating them again
-    # was a measurable share of the hot path.
-    return Fingerprint.model_construct(
-        fingerprint_id=ident.fingerprint_id(seed),
-        identity="verified" if ident.verified else "unverified", seed=seed,
-        model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
-        engine_version=ident.engine_version, device=ident.device, replica=replica.name,
-        serialized=alone, request_digest=digest(raw), response_digest=response_digest(payload),
-    )
+    fields = dict(_stamp(gw, replica, gw.settings.seed if seed is None else seed))
+    fields["serialized"] = alone
+    fields["request_digest"] = digest(raw)
+    fields["response_digest"] = response_digest(payload)
+    return fields
+
+
+# Seeds are the client's to choose: the stamp cache starts over past this many pairs.
+_STAMPS = 4096
+
+
+def _stamp(gw: Gateway, replica: Replica, seed: int) -> dict[str, Any]:
+    """The fingerprint fields that the replica's identity and the seed fix, computed once per
+    pair (the fingerprint id is a digest)."""
+    ident = replica.identity
+    assert ident is not None, "admission reads the identity before a replica is routed to"
+    cached = gw._stamps.get((replica.name, seed))
+    if cached is not None and cached[0] is ident:
+        return cached[1]
+    if len(gw._stamps) >= _STAMPS:
+        gw._stamps.clear()
+    stamp = {
+        "fingerprint_id": ident.fingerprint_id(seed),
+        "identity": "verified" if ident.verified else "unverified", "seed": seed,
+        "model_hash": ident.model_hash, "env_digest": ident.env_digest, "engine": ident.engine,
+        "engine_version": ident.engine_version, "device": ident.device, "replica": replica.name,
+    }
+    gw._stamps[(replica.name, seed)] = (ident, stamp)
+    return stamp
 
 
 def wrap(forwarded: Forwarded) -> dict[str, Any]:
     """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
     payload = dict(forwarded.payload)
-    payload["system_fingerprint"] = forwarded.fingerprint.fingerprint_id
-    payload["grm_fingerprint"] = forwarded.fingerprint.model_dump()
+    payload["system_fingerprint"] = forwarded.fields["fingerprint_id"]
+    payload["grm_fingerprint"] = dict(forwarded.fields)
     return payload
