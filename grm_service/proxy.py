@@ -118,7 +118,8 @@ def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
             "stream=true is not supported: a fingerprint covers the whole response; "
             "send stream=false (or omit it)"
         )
-    prepared = {k: v for k, v in body.items() if k != "stream"}
+    prepared = dict(body)
+    prepared.pop("stream", None)
     model = prepared.setdefault("model", settings.model_name)
     if model != settings.model_name:
         raise UnknownModel(f"model {model!r} is not served here; use {settings.model_name!r}")

@@ -287,8 +287,10 @@ def _replay(chunks: list[bytes], receive: Receive, complete: bool) -> Receive:
 
 
 # Byte for byte what starlette's JSONResponse renders (`json.dumps` with these options), built
-# once instead of per call.
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+# once instead of per call. No circular-reference check: what is rendered here is parsed JSON
+# and strings, which cannot contain a cycle (the check costs a lookup per container).
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"),
+                         check_circular=False)
 
 
 def _json_reply(status: int, content: Any, headers: dict[str, str]) -> Reply:
