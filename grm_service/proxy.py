@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from grm_service import checkpoint, router
+from grm_service.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.audit import Auditor
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
@@ -25,7 +26,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, Identity, digest, response_digest
+from grm_service.fingerprint import Fingerprint, Identity
 from grm_service.identity import PENDING, capabilities_of, describe
 from grm_service.metrics import Metrics
 from grm_service.replica_identity import ReplicaIdentity
@@ -71,9 +72,7 @@ class Gateway:
 
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
-    # (replica, seed) -> (the identity it was built from, the fingerprint fields they fix).
-    _stamps: dict[tuple[str, int], tuple[ReplicaIdentity, dict[str, Any]]] = field(
-        default_factory=dict, repr=False)
+    stamps: Stamps = field(default_factory=Stamps, repr=False)
 
     def __post_init__(self) -> None:
         self.limits = checkpoint.Limits.from_settings(self.settings)
@@ -95,20 +94,6 @@ class Gateway:
         if gauge is None:
             gauge = self._gauges[replica] = self.metrics.inflight.labels(replica=replica)
         return gauge
-
-
-@dataclass(frozen=True)
-class Forwarded:
-    """The replica's answer and its fingerprint as `fields` (`Fingerprint`'s fields, in its
-    order: what the hot path renders); `fingerprint` builds the model when a caller wants it."""
-
-    payload: dict[str, Any]
-    fields: dict[str, Any]
-
-    @functools.cached_property
-    def fingerprint(self) -> Fingerprint:
-        # model_construct: every field was built by `_fingerprint` with its type.
-        return Fingerprint.model_construct(**self.fields)
 
 
 def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -281,7 +266,7 @@ async def forward(
             _record(gw, replica, ok=False)
             continue
         _record(gw, replica, ok=True)
-        forwarded = Forwarded(payload, _fingerprint(gw, replica, body, raw, payload, serialized))
+        forwarded = _answer(gw, replica, body, raw, payload, serialized)
         if audit and gw.auditor is not None and gw.auditor.draw():
             _audit(gw, gw.auditor, path, body, replica, forwarded)
         return forwarded
@@ -322,47 +307,11 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
     return (await forward(gw, path, body, pin, audit=False)).fingerprint
 
 
-def _fingerprint(
-    gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes, payload: dict[str, Any],
-    alone: bool,
-) -> dict[str, Any]:
-    """`Fingerprint`'s fields, in its order."""
-    # The checkpoint let through only an integer seed or none; none means the service seed.
-    seed = body.get("seed")
-    fields = dict(_stamp(gw, replica, gw.settings.seed if seed is None else seed))
-    fields["serialized"] = alone
-    fields["request_digest"] = digest(raw)
-    fields["response_digest"] = response_digest(payload)
-    return fields
-
-
-# Seeds are the client's to choose: the stamp cache starts over past this many pairs.
-_STAMPS = 4096
-
-
-def _stamp(gw: Gateway, replica: Replica, seed: int) -> dict[str, Any]:
-    """The fingerprint fields that the replica's identity and the seed fix, computed once per
-    pair (the fingerprint id is a digest)."""
+def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: bytes,
+            payload: dict[str, Any], alone: bool) -> Forwarded:
     ident = replica.identity
     assert ident is not None, "admission reads the identity before a replica is routed to"
-    cached = gw._stamps.get((replica.name, seed))
-    if cached is not None and cached[0] is ident:
-        return cached[1]
-    if len(gw._stamps) >= _STAMPS:
-        gw._stamps.clear()
-    stamp = {
-        "fingerprint_id": ident.fingerprint_id(seed),
-        "identity": "verified" if ident.verified else "unverified", "seed": seed,
-        "model_hash": ident.model_hash, "env_digest": ident.env_digest, "engine": ident.engine,
-        "engine_version": ident.engine_version, "device": ident.device, "replica": replica.name,
-    }
-    gw._stamps[(replica.name, seed)] = (ident, stamp)
-    return stamp
-
-
-def wrap(forwarded: Forwarded) -> dict[str, Any]:
-    """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
-    payload = dict(forwarded.payload)
-    payload["system_fingerprint"] = forwarded.fields["fingerprint_id"]
-    payload["grm_fingerprint"] = dict(forwarded.fields)
-    return payload
+    # The checkpoint let through only an integer seed or none; none means the service seed.
+    seed = body.get("seed")
+    stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
+    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.json)

@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grm_service.answer import RESPONSE_JSON, render
 from grm_service.api.deps import PIN_HEADER
 from grm_service.api.guards import key_ok
 from grm_service.checkpoint import check_json_shape
@@ -34,7 +35,7 @@ from grm_service.config import Settings
 from grm_service.errors import GrmError, error_body
 from grm_service.fingerprint import fingerprint_headers
 from grm_service.metrics import Metrics
-from grm_service.proxy import Gateway, forward, prepare, wrap
+from grm_service.proxy import Gateway, forward, prepare
 from grm_service.scoring.send import pooling_body
 
 CHAT = "/v1/chat/completions"
@@ -229,7 +230,7 @@ class HotPath:
             reply = _json_reply(err.http_status, error_body(err), retry)
             self._record(gw, path, err.http_status, "", start)
             return reply
-        reply = _json_reply(200, wrap(answer), fingerprint_headers(answer.fields))
+        reply = _reply(200, render(answer), fingerprint_headers(answer.fields))
         self._record(gw, path, 200, answer.fields["replica"], start)
         return reply
 
@@ -286,15 +287,12 @@ def _replay(chunks: list[bytes], receive: Receive, complete: bool) -> Receive:
     return replayed
 
 
-# Byte for byte what starlette's JSONResponse renders (`json.dumps` with these options), built
-# once instead of per call. No circular-reference check: what is rendered here is parsed JSON
-# and strings, which cannot contain a cycle (the check costs a lookup per container).
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"),
-                         check_circular=False)
-
-
 def _json_reply(status: int, content: Any, headers: dict[str, str]) -> Reply:
-    body = _JSON.encode(content).encode("utf-8")
+    return _reply(status, RESPONSE_JSON.encode(content).encode("utf-8"), headers)
+
+
+def _reply(status: int, body: bytes, headers: dict[str, str]) -> Reply:
+    # The headers JSONResponse sends, in its order.
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     raw += [(b"content-length", str(len(body)).encode()),
             (b"content-type", b"application/json")]

@@ -90,20 +90,17 @@ class _Exchange:
         close, or arm keep-alive and start the next pipelined request."""
         proto = self.proto
         status, headers, body = reply
-        head = [_STATUS[status]]
-        for name, value in proto.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        for name, value in headers:
-            if b"\r" in value or b"\n" in value:  # never let a value split the response
-                raise RuntimeError("invalid HTTP header value")
-            head += [name, b": ", value, b"\r\n"]
-        if not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += [b"\r\n", body]
+        lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+        # One CR and one LF per line are the ones added here; any other is inside a name or a
+        # value, and would split the response.
+        if lines.count(b"\r") != len(headers) or lines.count(b"\n") != len(headers):
+            raise RuntimeError("invalid HTTP header value")
+        close = b"" if self.keep_alive else b"connection: close\r\n"
+        data = b"".join((_STATUS[status], proto.default_lines(), lines, close, b"\r\n", body))
         self.response_complete = True
         if self.disconnected or proto.transport.is_closing():
             return
-        proto.transport.write(b"".join(head))
+        proto.transport.write(data)
         if self.keep_alive:
             proto.on_response_complete()
         else:
@@ -135,6 +132,18 @@ class HotHttpProtocol(HttpToolsProtocol):
     uvicorn, where the app refuses it without this protocol buffering it first."""
 
     body_limit = 0
+    _defaults: list[tuple[bytes, bytes]] | None = None
+    _default_lines = b""
+
+    def default_lines(self) -> bytes:
+        """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
+        when the date changes, once a second."""
+        defaults = self.server_state.default_headers
+        if defaults is not self._defaults:
+            self._defaults = defaults
+            self._default_lines = b"".join(name + b": " + value + b"\r\n"
+                                           for name, value in defaults)
+        return self._default_lines
 
     def on_headers_complete(self) -> None:
         exchange = self._exchange()
@@ -145,21 +154,18 @@ class HotHttpProtocol(HttpToolsProtocol):
 
     def _exchange(self) -> _Exchange | None:
         """The hot exchange for the request whose headers were just read, or None."""
-        hot = self.app
-        if not isinstance(hot, HotPath) or self.access_log or self.root_path:
+        hot, parser = self.app, self.parser
+        if self.url.split(b"?", 1)[0] not in _HOT_URLS or parser.get_method() != b"POST":
             return None
-        parser = self.parser
-        if parser.get_method() != b"POST" or self.url.split(b"?", 1)[0] not in _HOT_URLS:
+        if not isinstance(hot, HotPath) or self.access_log or self.root_path:
             return None
         if self.expect_100_continue or parser.should_upgrade():
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None  # pipelined behind a request in flight: uvicorn queues it
-        length = next((v for k, v in self.headers if k == b"content-length"), None)
-        if length is None or not length.isdigit() or int(length) > self.body_limit:
-            return None
         admitted = hot.admit(self.headers)
-        if admitted is None:
+        # No Content-Length (chunked) or a larger one: uvicorn reads what there is.
+        if admitted is None or not 0 <= admitted[1].content_length <= self.body_limit:
             return None
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive()

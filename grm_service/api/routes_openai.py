@@ -7,10 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
+from grm_service.answer import wrap
 from grm_service.api.deps import gateway, pinned_replica
 from grm_service.api.schemas import ChatCompletionRequest
 from grm_service.fingerprint import fingerprint_headers
-from grm_service.proxy import Gateway, forward, prepare, wrap
+from grm_service.proxy import Gateway, forward, prepare
 
 router = APIRouter()
 
