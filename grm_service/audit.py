@@ -50,13 +50,29 @@ class Auditor:
 
     def submit(self, path: str, body: dict[str, Any], first: Fingerprint,
                others: list[str], rerun: Rerun) -> None:
-        if not others or self.fraction <= 0 or self.rng.random() >= self.fraction:
+        if not self.draw():
             return
+        other = self.choose(others)
+        if other is not None:
+            self.start(path, body, first, other, rerun)
+
+    def draw(self) -> bool:
+        """Whether this request is in the sampled fraction: the first, cheapest step, so the
+        proxy looks for replicas to ask and builds the fingerprint object only then."""
+        return self.fraction > 0 and self.rng.random() < self.fraction
+
+    def choose(self, others: list[str]) -> str | None:
+        """The replica a sampled request is re-run on, within the rate limit."""
+        if not others:
+            return None
         if not self._take_token():
             self.skipped += 1
             self.metrics.audits.labels(outcome="rate_limited").inc()
-            return
-        other = others[self.rng.randrange(len(others))]
+            return None
+        return others[self.rng.randrange(len(others))]
+
+    def start(self, path: str, body: dict[str, Any], first: Fingerprint, other: str,
+              rerun: Rerun) -> None:
         task = asyncio.create_task(self._check(path, body, first, other, rerun),
                                    name="grm-audit")
         self._tasks.add(task)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -130,6 +131,11 @@ def run_server(
         server.should_exit = True
 
     config.app = create_app(settings, on_fatal=fatal, worker=worker)
+    # What start-up built (modules, the app, its schemas: ~80k objects) lives as long as the
+    # process: kept out of the cycle collector, whose full passes would otherwise walk it all
+    # every few thousand requests (measured ~5 us per request on the hot path).
+    gc.collect()
+    gc.freeze()
     # Server.run uses uvicorn's loop factory (uvloop when installed); asyncio.run(serve())
     # would silently run the stock asyncio loop.
     server.run(sockets=[worker.socket()] if worker else None)

@@ -181,10 +181,15 @@ class Fingerprint(BaseModel):
     response_digest: str
 
     def headers(self) -> dict[str, str]:
-        return {
-            "x-grm-fingerprint": self.fingerprint_id,
-            "x-grm-seed": str(self.seed),
-            "x-grm-replica": self.replica,
-            "x-grm-request-digest": self.request_digest,
-            "x-grm-response-digest": self.response_digest,
-        }
+        return fingerprint_headers(vars(self))
+
+
+def fingerprint_headers(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The response headers that carry a fingerprint (`Fingerprint`'s fields, as a mapping)."""
+    return {
+        "x-grm-fingerprint": fields["fingerprint_id"],
+        "x-grm-seed": str(fields["seed"]),
+        "x-grm-replica": fields["replica"],
+        "x-grm-request-digest": fields["request_digest"],
+        "x-grm-response-digest": fields["response_digest"],
+    }

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from grm_service import checkpoint, longstrings, router
+from grm_service.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.audit import Auditor
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
@@ -25,7 +26,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, Identity, parts_digest, response_digest
+from grm_service.fingerprint import Fingerprint, Identity
 from grm_service.identity import PENDING, capabilities_of, describe
 from grm_service.metrics import Metrics
 from grm_service.replica_identity import ReplicaIdentity
@@ -72,10 +73,12 @@ class Gateway:
     queued: int = 0
     limits: checkpoint.Limits = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.limits = checkpoint.Limits.from_settings(self.settings)
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
+    stamps: Stamps = field(default_factory=Stamps, repr=False)
+
+    def __post_init__(self) -> None:
+        self.limits = checkpoint.Limits.from_settings(self.settings)
 
     @property
     def inflight(self) -> int:
@@ -96,12 +99,6 @@ class Gateway:
         return gauge
 
 
-@dataclass(frozen=True)
-class Forwarded:
-    payload: dict[str, Any]
-    fingerprint: Fingerprint
-
-
 def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """The body the replica will see: client values kept, seed/max_tokens/model filled in."""
     if body.get("stream"):
@@ -109,7 +106,8 @@ def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
             "stream=true is not supported: a fingerprint covers the whole response; "
             "send stream=false (or omit it)"
         )
-    prepared = {k: v for k, v in body.items() if k != "stream"}
+    prepared = dict(body)
+    prepared.pop("stream", None)
     model = prepared.setdefault("model", settings.model_name)
     if model != settings.model_name:
         raise UnknownModel(f"model {model!r} is not served here; use {settings.model_name!r}")
@@ -149,22 +147,26 @@ def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode
 
 
 def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
-    ready = {r.name: r for r in gw.pool.ready()}
     if pin is not None:
-        if pin not in {r.name for r in gw.pool.replicas}:
-            known = ", ".join(r.name for r in gw.pool.replicas)
-            raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
-                                 f"replicas: {known}")
-        return [ready[pin]] if pin in ready else []
+        return _pinned(gw, pin)
     now = time.monotonic()
-    closed = {n: r for n, r in ready.items() if not r.breaker_open(now)}
+    up = gw.pool.ready()
     # With every breaker open, trying a tripped replica beats refusing outright.
-    ready = closed or ready
+    ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
     if gw.settings.routing is RoutingMode.LEAST_LOADED:
         names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
     else:
         names = router.rendezvous_order(key, list(ready))
     return [ready[n] for n in names]
+
+
+def _pinned(gw: Gateway, pin: str) -> list[Replica]:
+    replica = gw.pool.by_name(pin)
+    if replica is None:
+        known = ", ".join(r.name for r in gw.pool.replicas)
+        raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
+                             f"replicas: {known}")
+    return [replica] if replica.ready else []
 
 
 async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
@@ -271,14 +273,21 @@ async def forward(
             _record(gw, replica, ok=False)
             continue
         _record(gw, replica, ok=True)
-        fp = _fingerprint(gw, replica, body, raw, payload, serialized)
-        if audit and gw.auditor is not None:
-            # Only replicas claiming the same identity can be held to the same bits.
-            others = [r.name for r in gw.pool.ready()
-                      if r.name != replica.name and r.identity == replica.identity]
-            gw.auditor.submit(path, body, fp, others, functools.partial(_rerun, gw))
-        return Forwarded(payload, fp)
+        forwarded = _answer(gw, replica, body, raw, payload, serialized)
+        if audit and gw.auditor is not None and gw.auditor.draw():
+            _audit(gw, gw.auditor, path, body, replica, forwarded)
+        return forwarded
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any], replica: Replica,
+           forwarded: Forwarded) -> None:
+    # Only replicas claiming the same identity can be held to the same bits.
+    others = [r.name for r in gw.pool.ready()
+              if r.name != replica.name and r.identity == replica.identity]
+    other = auditor.choose(others)
+    if other is not None:
+        auditor.start(path, body, forwarded.fingerprint, other, functools.partial(_rerun, gw))
 
 
 async def check(gw: Gateway, path: str, body: dict[str, Any],
@@ -286,6 +295,8 @@ async def check(gw: Gateway, path: str, body: dict[str, Any],
     """`checkpoint.check_body`, with large inline images decoded off the event loop; returns
     the inline images' data URLs."""
     inline = checkpoint.scan(path, body, gw.limits)
+    if not inline:
+        return inline
     if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
         await asyncio.to_thread(checkpoint.check_images, inline, gw.limits, lifted)
     else:
@@ -306,30 +317,11 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
     return (await forward(gw, path, body, pin, audit=False)).fingerprint
 
 
-def _fingerprint(
-    gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body, payload: dict[str, Any],
-    alone: bool,
-) -> Fingerprint:
+def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
+            payload: dict[str, Any], alone: bool) -> Forwarded:
     ident = replica.identity
     assert ident is not None, "admission reads the identity before a replica is routed to"
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
-    seed = gw.settings.seed if seed is None else seed
-    # model_construct: every field is built right here with its type; validating them again
-    # was a measurable share of the hot path.
-    return Fingerprint.model_construct(
-        fingerprint_id=ident.fingerprint_id(seed),
-        identity="verified" if ident.verified else "unverified", seed=seed,
-        model_hash=ident.model_hash, env_digest=ident.env_digest, engine=ident.engine,
-        engine_version=ident.engine_version, device=ident.device, replica=replica.name,
-        serialized=alone, request_digest=parts_digest(raw),
-        response_digest=response_digest(payload),
-    )
-
-
-def wrap(forwarded: Forwarded) -> dict[str, Any]:
-    """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
-    payload = dict(forwarded.payload)
-    payload["system_fingerprint"] = forwarded.fingerprint.fingerprint_id
-    payload["grm_fingerprint"] = forwarded.fingerprint.model_dump()
-    return payload
+    stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
+    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.json)

@@ -30,13 +30,15 @@ from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grm_service import longstrings
+from grm_service.answer import RESPONSE_JSON, render
 from grm_service.api.deps import PIN_HEADER
 from grm_service.api.guards import key_ok
 from grm_service.checkpoint import check_json_shape
 from grm_service.config import Settings
 from grm_service.errors import GrmError, error_body
+from grm_service.fingerprint import fingerprint_headers
 from grm_service.metrics import Metrics
-from grm_service.proxy import Forwarded, Gateway, forward, prepare, wrap
+from grm_service.proxy import Gateway, forward, prepare
 from grm_service.scoring.send import pooling_body
 
 CHAT = "/v1/chat/completions"
@@ -159,8 +161,16 @@ class _Request:
                 self.pin = value.decode("latin-1")
 
 
+Headers = list[tuple[bytes, bytes]]
+# An answer as the server writes it: status, headers (content-length included), body.
+Reply = tuple[int, Headers, bytes]
+
+
 class HotPath:
-    """ASGI app: serves the hot routes itself and passes every other request to `app`."""
+    """ASGI app: serves the hot routes itself and passes every other request to `app`.
+
+    A server can also call `admit` and `serve` directly, without ASGI messages
+    (`api/hotserver.py` does, for the one-write exchange)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, state_of: Callable[[], Any]) -> None:
         self.app = app
@@ -178,31 +188,58 @@ class HotPath:
         if scope["type"] != "http" or scope["method"] != "POST" or path not in (CHAT, CLASSIFY):
             await self.app(scope, receive, send)
             return
-        gw = getattr(self._state_of(), "gateway", None)
-        head = _Request(scope["headers"])
-        refused = self.keys and not key_ok(head.authorization, self.keys)
-        if gw is None or refused or not head.json or head.content_length > self.limit:
+        admitted = self.admit(scope["headers"])
+        if admitted is None:
             await self.app(scope, receive, send)  # FastAPI words the refusal
             return
         chunks, complete = await self._read(receive)
         if not complete:
             await self.app(scope, _replay(chunks, receive, complete=False), send)
             return
-        raw = b"".join(chunks)
+        reply = await self.serve(path, *admitted, b"".join(chunks))
+        if reply is None:
+            await self.app(scope, _replay(chunks, receive, complete=True), send)
+            return
+        status, headers, body = reply
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def admit(self, headers: Headers) -> tuple[Gateway, _Request] | None:
+        """The gateway and the request's headers, when the hot path may read its body; None
+        leaves the request to FastAPI (no gateway yet, a refused key, not JSON, too large)."""
+        gw = getattr(self._state_of(), "gateway", None)
+        head = _Request(headers)
+        refused = self.keys and not key_ok(head.authorization, self.keys)
+        if gw is None or refused or not head.json or head.content_length > self.limit:
+            return None
+        return gw, head
+
+    async def serve(self, path: str, gw: Gateway, head: _Request, raw: bytes) -> Reply | None:
+        """The answer to an admitted request whose whole body is `raw`; None when FastAPI must
+        take it (a body the fast path does not take on exactly)."""
         start = time.perf_counter()
         try:
             _bounded(raw, self.max_depth, self.max_values)
             lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
             body = load_json(raw, lifted)
-            handle = self._chat if path == CHAT else self._classify
-            answer = await handle(gw, body, head.pin, lifted)
+            if path == CHAT:
+                # The checkpoint runs inside `forward`, on the body as prepared: one place for
+                # all paths.
+                prepared = prepare(plain_chat(body), gw.settings)
+            else:
+                prepared = _pooling(body, gw)
+            answer = await forward(gw, path, prepared, head.pin, lifted=lifted)
         except _NotPlain:
-            await self.app(scope, _replay(chunks, receive, complete=True), send)
-            return
+            return None
         except GrmError as err:
-            await self._reply_error(gw, path, err, send, start)
-            return
-        await self._reply(gw, path, answer, send, start)
+            # The same answer as the app's GrmError handler (api/app.py).
+            retry = {"retry-after": str(max(1, round(err.retry_after)))} if err.retry_after else {}
+            reply = _json_reply(err.http_status, error_body(err), retry)
+            self._record(gw, path, err.http_status, "", start)
+            return reply
+        reply = _reply(200, render(answer), fingerprint_headers(answer.fields))
+        self._record(gw, path, 200, answer.fields["replica"], start)
+        return reply
 
     async def _read(self, receive: Receive) -> tuple[list[bytes], bool]:
         """The body's chunks, and whether it ended within the limit (else FastAPI refuses it)."""
@@ -219,34 +256,6 @@ class HotPath:
                 return chunks, False
             if not message.get("more_body", False):
                 return chunks, True
-
-    @staticmethod
-    async def _chat(gw: Gateway, body: Any, pin: str | None,
-                    lifted: longstrings.Lifted | None) -> Forwarded:
-        # The checkpoint runs inside `forward`, on the body as prepared: one place for all paths.
-        prepared = prepare(plain_chat(body), gw.settings)
-        return await forward(gw, CHAT, prepared, pin, lifted=lifted)
-
-    @staticmethod
-    async def _classify(gw: Gateway, body: Any, pin: str | None,
-                        lifted: longstrings.Lifted | None) -> Forwarded:
-        if type(body) is not dict:
-            raise _NotPlain
-        prepared = pooling_body(body, gw.settings.model_name)
-        return await forward(gw, CLASSIFY, prepared, pin, lifted=lifted)
-
-    async def _reply(self, gw: Gateway, path: str, answer: Forwarded, send: Send,
-                     start: float) -> None:
-        headers = answer.fingerprint.headers()
-        await _send_json(send, 200, wrap(answer), headers)
-        self._record(gw, path, 200, answer.fingerprint.replica, start)
-
-    async def _reply_error(self, gw: Gateway, path: str, err: GrmError, send: Send,
-                           start: float) -> None:
-        # The same answer as the app's GrmError handler (api/app.py).
-        headers = {"retry-after": str(max(1, round(err.retry_after)))} if err.retry_after else {}
-        await _send_json(send, err.http_status, error_body(err), headers)
-        self._record(gw, path, err.http_status, "", start)
 
     def _record(self, gw: Gateway, path: str, status: int, replica: str, start: float) -> None:
         """The series MetricsMiddleware writes, with their label children cached (a `labels()`
@@ -266,6 +275,12 @@ class HotPath:
         latency.observe(time.perf_counter() - start)
 
 
+def _pooling(body: Any, gw: Gateway) -> dict[str, Any]:
+    if type(body) is not dict:
+        raise _NotPlain
+    return pooling_body(body, gw.settings.model_name)
+
+
 def _replay(chunks: list[bytes], receive: Receive, complete: bool) -> Receive:
     """A `receive` that gives the body read so far again, then whatever is left."""
     pending = [b"".join(chunks)] if complete else list(chunks)
@@ -279,12 +294,13 @@ def _replay(chunks: list[bytes], receive: Receive, complete: bool) -> Receive:
     return replayed
 
 
-async def _send_json(send: Send, status: int, content: Any, headers: dict[str, str]) -> None:
-    # Byte for byte what starlette's JSONResponse sends.
-    body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode("utf-8")
+def _json_reply(status: int, content: Any, headers: dict[str, str]) -> Reply:
+    return _reply(status, RESPONSE_JSON.encode(content).encode("utf-8"), headers)
+
+
+def _reply(status: int, body: bytes, headers: dict[str, str]) -> Reply:
+    # The headers JSONResponse sends, in its order.
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     raw += [(b"content-length", str(len(body)).encode()),
             (b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+    return status, raw, body

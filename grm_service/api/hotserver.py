@@ -1,15 +1,18 @@
 """uvicorn's httptools protocol, with one change for the hot routes: their request/response
-exchange skips uvicorn's per-request ASGI cycle and the answer leaves in ONE write.
+exchange skips ASGI and uvicorn's per-request cycle, and the answer leaves in ONE write.
 
-Why: uvicorn writes a response's head and body in two `send` calls and builds a cycle object,
-an event and several checks per request; on the gateway's hot path that was the largest single
-cost left (benchmarks/RESULTS.md, issue 14). The app is still called as ASGI (`HotPath` in
-`api/hotpath.py`, with its FastAPI fallback), through a minimal receive/send pair.
+Why: uvicorn writes a response's head and body in two `send` calls, and an ASGI exchange builds
+message dicts, receive/send coroutines and a cycle object per request; on the gateway's hot path
+that was a large share of the CPU per request (benchmarks/RESULTS.md, issue 14). Here the
+protocol hands the body to `HotPath.serve` and writes the reply it returns.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
-no `Expect: 100-continue`, no upgrade, and no earlier request of the connection still in flight.
-Anything else goes through uvicorn unchanged. Pipelined requests behind a hot one wait in
-uvicorn's own pipeline queue (this exchange stands in as the in-flight cycle).
+no `Expect: 100-continue`, no upgrade, no earlier request of the connection still in flight, a
+request `HotPath.admit` takes (key, content type, size), an app that is the `HotPath` itself
+(no uvicorn middleware around it, as with proxy headers) and no access log. Anything else goes
+through uvicorn unchanged. A body `HotPath.serve` leaves to FastAPI gets a uvicorn cycle of its
+own, body included. Pipelined requests behind a hot one wait in uvicorn's own pipeline queue
+(the exchange stands in as the in-flight cycle).
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ import logging
 from typing import Any, cast
 
 import httptools
-from uvicorn._types import HTTPScope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn._types import ASGI3Application, HTTPScope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from grm_service.api.hotpath import CHAT, CLASSIFY
+from grm_service.api.hotpath import CHAT, CLASSIFY, HotPath, Reply, _Request
+from grm_service.proxy import Gateway
 
 log = logging.getLogger(__name__)
 
 _HOT_URLS = frozenset({CHAT.encode(), CLASSIFY.encode()})
+_FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 
 
 def _status_line(status: int) -> bytes:
@@ -47,75 +51,80 @@ class _Exchange:
     the attributes the protocol reads from one (`response_complete`, `keep_alive`,
     `disconnected`, `message_event`)."""
 
-    def __init__(self, proto: HotHttpProtocol, scope: dict[str, Any], keep_alive: bool) -> None:
+    def __init__(self, proto: HotHttpProtocol, hot: HotPath, admitted: tuple[Gateway, _Request],
+                 scope: dict[str, Any], keep_alive: bool) -> None:
         self.proto = proto
-        self.scope = scope
+        self.hot = hot
+        self.admitted = admitted
+        self.scope = scope  # uvicorn's, for a body that goes to FastAPI after all
+        self.path = CHAT if scope["path"] == CHAT else CLASSIFY
         self.keep_alive = keep_alive
         self.chunks: list[bytes] = []
         self.response_complete = False
         self.disconnected = False
-        self.message_event = asyncio.Event()  # set by the protocol when the client goes away
-        self._body_sent = False
-        self._status = 500
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._parts: list[bytes] = []
+        self._event: asyncio.Event | None = None
+
+    @property
+    def message_event(self) -> asyncio.Event:
+        # Only the protocol sets it (the client went away); nothing here waits on it.
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
 
     async def run(self) -> None:
+        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         try:
-            await self.proto.app(self.scope, self.receive, self.send)
+            reply = await self.hot.serve(self.path, *self.admitted, body)
+            if reply is None:
+                await self._to_fastapi(body)
+            else:
+                self._write(reply)
         except Exception:
             log.exception("exception in the hot path")
             if not self.response_complete:
-                self._status, self._headers, self._parts = 500, [], [b"Internal Server Error"]
                 self.keep_alive = False
-                self._write()
+                self._write(_FAILED)
 
-    async def receive(self) -> dict[str, Any]:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": b"".join(self.chunks), "more_body": False}
-        await self.message_event.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self._status = message["status"]
-            self._headers = list(message.get("headers", []))
-            return
-        if message["type"] == "http.response.body" and not self.response_complete:
-            self._parts.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                self._write()
-
-    def _write(self) -> None:
+    def _write(self, reply: Reply) -> None:
         """Status line, headers and body in one write, then what uvicorn does after a response:
         close, or arm keep-alive and start the next pipelined request."""
-        proto, body = self.proto, b"".join(self._parts)
+        proto = self.proto
+        status, headers, body = reply
+        lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+        # One CR and one LF per line are the ones added here; any other is inside a name or a
+        # value, and would split the response.
+        if lines.count(b"\r") != len(headers) or lines.count(b"\n") != len(headers):
+            raise RuntimeError("invalid HTTP header value")
+        close = b"" if self.keep_alive else b"connection: close\r\n"
+        data = b"".join((_STATUS[status], proto.default_lines(), lines, close, b"\r\n", body))
         self.response_complete = True
-        if proto.access_log:
-            scope = cast(HTTPScope, self.scope)
-            proto.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),
-                                     scope["method"], get_path_with_query_string(scope),
-                                     scope["http_version"], self._status)
-        head = [_STATUS[self._status]]
-        has_length = False
-        for name, value in [*proto.server_state.default_headers, *self._headers]:
-            if b"\r" in value or b"\n" in value:  # never let a value split the response
-                raise RuntimeError("invalid HTTP header value")
-            has_length = has_length or name.lower() == b"content-length"
-            head += [name, b": ", value, b"\r\n"]
-        if not has_length:
-            head += [b"content-length: ", str(len(body)).encode(), b"\r\n"]
-        if not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += [b"\r\n", body]
         if self.disconnected or proto.transport.is_closing():
             return
-        proto.transport.write(b"".join(head))
+        proto.transport.write(data)
         if self.keep_alive:
             proto.on_response_complete()
         else:
             proto.transport.close()
+
+    async def _to_fastapi(self, body: bytes) -> None:
+        """The request as uvicorn would have run it: its scope, its cycle, the body given."""
+        proto = self.proto
+        given = asyncio.Event()
+        given.set()  # the body is all here: the app's first receive() returns it at once
+        cycle = RequestResponseCycle(
+            scope=cast(HTTPScope, self.scope), transport=proto.transport, flow=proto.flow,
+            logger=proto.logger, access_logger=proto.access_logger, access_log=proto.access_log,
+            default_headers=proto.server_state.default_headers, message_event=given,
+            expect_100_continue=False, keep_alive=self.keep_alive,
+            on_response=proto.on_response_complete)
+        cycle.body, cycle.more_body = bytearray(body), False
+        cycle.disconnected = self.disconnected
+        # The protocol tells the cycle in flight of a disconnect or a shutdown; a pipelined
+        # request may already be the current cycle, then it stays so.
+        if proto.cycle is cast(Any, self):
+            proto.cycle = cycle
+        self.response_complete = True
+        await cycle.run_asgi(cast(ASGI3Application, self.hot.app))
 
 
 class HotHttpProtocol(HttpToolsProtocol):
@@ -123,31 +132,55 @@ class HotHttpProtocol(HttpToolsProtocol):
     uvicorn, where the app refuses it without this protocol buffering it first."""
 
     body_limit = 0
+    _defaults: list[tuple[bytes, bytes]] | None = None
+    _default_lines = b""
+
+    def default_lines(self) -> bytes:
+        """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
+        when the date changes, once a second."""
+        defaults = self.server_state.default_headers
+        if defaults is not self._defaults:
+            self._defaults = defaults
+            self._default_lines = b"".join(name + b": " + value + b"\r\n"
+                                           for name, value in defaults)
+        return self._default_lines
 
     def on_headers_complete(self) -> None:
-        if not self._hot():
+        exchange = self._exchange()
+        if exchange is None:
             super().on_headers_complete()
             return
+        self.cycle = exchange  # type: ignore[assignment]
+
+    def _exchange(self) -> _Exchange | None:
+        """The hot exchange for the request whose headers were just read, or None."""
+        hot, parser = self.app, self.parser
+        if self.url.split(b"?", 1)[0] not in _HOT_URLS or parser.get_method() != b"POST":
+            return None
+        if not isinstance(hot, HotPath) or self.access_log or self.root_path:
+            return None
+        if self.expect_100_continue or parser.should_upgrade():
+            return None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return None  # pipelined behind a request in flight: uvicorn queues it
+        admitted = hot.admit(self.headers)
+        # No Content-Length (chunked) or a larger one: uvicorn reads what there is.
+        if admitted is None or not 0 <= admitted[1].content_length <= self.body_limit:
+            return None
+        version = parser.get_http_version()
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        return _Exchange(self, hot, admitted, self._fill_scope(version), keep_alive)
+
+    def _fill_scope(self, version: str) -> dict[str, Any]:
+        """What uvicorn's `on_headers_complete` adds to the scope (root_path is empty here)."""
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-        version = self.parser.get_http_version()
         scope["method"] = "POST"
         scope["http_version"] = version
         parsed = httptools.parse_url(self.url)
-        scope["path"] = self.root_path + parsed.path.decode("ascii")
-        scope["raw_path"] = self.root_path.encode("ascii") + parsed.path
+        scope["path"] = parsed.path.decode("ascii")
+        scope["raw_path"] = parsed.path
         scope["query_string"] = parsed.query or b""
-        keep_alive = version != "1.0" and self.parser.should_keep_alive()
-        self.cycle = _Exchange(self, scope, keep_alive)  # type: ignore[assignment]
-
-    def _hot(self) -> bool:
-        if self.parser.get_method() != b"POST" or self.url.split(b"?", 1)[0] not in _HOT_URLS:
-            return False
-        if self.expect_100_continue or self.parser.should_upgrade():
-            return False
-        if self.cycle is not None and not self.cycle.response_complete:
-            return False  # pipelined behind a request in flight: uvicorn queues it
-        length = next((v for k, v in self.headers if k == b"content-length"), None)
-        return length is not None and length.isdigit() and int(length) <= self.body_limit
+        return scope
 
     def on_body(self, body: bytes) -> None:
         exchange = self.cycle

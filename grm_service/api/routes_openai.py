@@ -7,9 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
+from grm_service.answer import wrap
 from grm_service.api.deps import gateway, pinned_replica
 from grm_service.api.schemas import ChatCompletionRequest
-from grm_service.proxy import Gateway, forward, prepare, wrap
+from grm_service.fingerprint import fingerprint_headers
+from grm_service.proxy import Gateway, forward, prepare
 
 router = APIRouter()
 
@@ -21,7 +23,7 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin)
-    return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())
+    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))
 
 
 @router.get("/v1/models")

@@ -8,10 +8,12 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from grm_service import checkpoint
+from grm_service.answer import wrap
 from grm_service.api.deps import gateway, pinned_replica
 from grm_service.api.score_body import read_score_request
 from grm_service.errors import TooLarge
-from grm_service.proxy import Gateway, forward, wrap
+from grm_service.fingerprint import fingerprint_headers
+from grm_service.proxy import Gateway, forward
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
 from grm_service.scoring.registry import check_options, lookup
@@ -61,4 +63,4 @@ async def classify(
     """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
     prepared = pooling_body(body, gw.settings.model_name)
     forwarded = await forward(gw, "/classify", prepared, pin)
-    return JSONResponse(wrap(forwarded), headers=forwarded.fingerprint.headers())
+    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))

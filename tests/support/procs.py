@@ -68,21 +68,23 @@ def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None) -> P
     return Proc(popen, f"http://127.0.0.1:{port}", log)
 
 
-def _all_ready(proc: Proc) -> bool:
-    """/ready is 200 once one replica serves; tests want every replica admitted."""
+def _all_ready(proc: Proc, headers: dict[str, str]) -> bool:
+    """/ready is 200 once one replica serves; tests want every replica admitted (its replica
+    states are shown only with a key, when keys are set)."""
     with contextlib.suppress(httpx.HTTPError, ValueError):
-        r = httpx.get(proc.url + "/ready", timeout=5)
+        r = httpx.get(proc.url + "/ready", timeout=5, headers=headers)
         states = {rep["state"] for rep in r.json().get("replicas", [])}
         return r.status_code == 200 and states <= {"ready", "rejected"}
     return False
 
 
-def wait_ready(proc: Proc, timeout: float) -> None:
+def wait_ready(proc: Proc, timeout: float, key: str | None = None) -> None:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
             raise AssertionError(f"gateway exited {proc.popen.returncode}:\n{proc.tail()}")
-        if _all_ready(proc):
+        if _all_ready(proc, headers):
             return
         time.sleep(0.5)
     raise AssertionError(f"gateway not ready after {timeout} s:\n{proc.tail()}")
@@ -93,8 +95,9 @@ def running_gateway(
     tmp: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
 ) -> Iterator[Proc]:
     proc = start_gateway(tmp, *args, env=env)
+    keys = (env or {}).get("GRM_API_KEYS", "")
     try:
-        wait_ready(proc, timeout)
+        wait_ready(proc, timeout, keys.split(",")[0].strip() or None)
         yield proc
     finally:
         proc.stop()
