@@ -218,10 +218,6 @@ class Settings(BaseSettings):
             raise ValueError(f"GRM_MAX_BODY_BYTES={self.max_body_bytes} cannot carry one image of "
                              f"GRM_MAX_IMAGE_BYTES={self.max_image_bytes} (base64): raise it to "
                              f"{needed} or lower the image limit")
-        if self.max_inflight_per_replica < self.workers:
-            raise ValueError(f"GRM_MAX_INFLIGHT_PER_REPLICA={self.max_inflight_per_replica} is "
-                             f"split between GRM_WORKERS={self.workers} processes: raise it to "
-                             f"at least {self.workers}")
         return self
 
     def all_api_keys(self) -> list[str]:

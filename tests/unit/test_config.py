@@ -32,7 +32,6 @@ def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"backend_urls": ["ftp://x"]}, "must start with http"),
         ({"model": "m", "serialize": "sometimes"}, "'auto', 'on' or 'off'"),
         ({"model": "m", "workers": 0}, "greater than or equal to 1"),
-        ({"model": "m", "workers": 4, "max_inflight_per_replica": 3}, "at least 4"),
     ],
 )
 def test_invalid_settings_say_what_to_fix(kwargs: dict[str, object], message: str) -> None:

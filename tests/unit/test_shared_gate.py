@@ -11,21 +11,20 @@ import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-import pytest
-
 from grm_service.replicas import Gate
-from grm_service.shared_gate import GateFile, share_of
+from grm_service.shared_gate import GateFile
 
 _SPAWN = multiprocessing.get_context("spawn")
 _HOLD_S = 0.01
 
 
-async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int) -> list[list[float]]:
+async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int,
+                     capacity: int = 64) -> list[list[float]]:
     spans: list[list[float]] = []
 
     async def one() -> None:
         for _ in range(rounds):
-            async with gate.slot(exclusive, 64):
+            async with gate.slot(exclusive, capacity):
                 start = time.monotonic()
                 await asyncio.sleep(_HOLD_S)
                 spans.append([start, time.monotonic()])
@@ -149,7 +148,47 @@ def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Pat
     assert stream.exitcode == 0
 
 
-@pytest.mark.parametrize(("capacity", "workers"), [(256, 2), (5, 2), (3, 3), (7, 4)])
-def test_the_shares_add_up_to_the_bound(capacity: int, workers: int) -> None:
-    shares = [share_of(capacity, w, workers) for w in range(workers)]
-    assert sum(shares) == capacity and min(shares) >= 1
+def _hold_bounded(path: str, worker: int, tasks: int, capacity: int, out: str,
+                  go: Event) -> None:
+    gate = GateFile(Path(path), worker, 2).gate(0)
+    go.wait(10)
+    spans = asyncio.run(_hold_many(gate, False, tasks, 6, capacity))
+    Path(out).write_text(json.dumps(spans))
+
+
+def _most_at_once(spans: list[list[float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = held = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        held += step
+        most = max(most, held)
+    return most
+
+
+def _bounded_run(tmp_path: Path, tasks: list[int], capacity: int) -> list[list[float]]:
+    go = _SPAWN.Event()
+    lock = str(tmp_path / "gates")
+    outs = [str(tmp_path / f"w{w}.json") for w in range(len(tasks))]
+    procs = [_SPAWN.Process(target=_hold_bounded, args=(lock, w, n, capacity, outs[w], go))
+             for w, n in enumerate(tasks)]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)
+    go.set()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    return [span for out in outs for span in json.loads(Path(out).read_text())]
+
+
+def test_the_inflight_bound_holds_for_the_sum_over_workers(tmp_path: Path) -> None:
+    spans = _bounded_run(tmp_path, tasks=[4, 4], capacity=3)
+    assert len(spans) == 48
+    assert _most_at_once(spans) == 3  # 8 holders would overlap without the shared count
+
+
+def test_one_busy_worker_may_use_the_whole_bound(tmp_path: Path) -> None:
+    """Connections do not spread evenly over workers: one worker alone gets every slot (a fixed
+    split of the bound would cap it at 2 of 3 here)."""
+    spans = _bounded_run(tmp_path, tasks=[5, 0], capacity=3)
+    assert _most_at_once(spans) == 3
