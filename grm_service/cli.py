@@ -120,6 +120,7 @@ def run_server(
     keep_freed_memory(settings.malloc_keep_bytes)
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
+                            timeout_keep_alive=settings.keep_alive_s,
                             access_log=settings.access_log,
                             # X-Forwarded-For only changes the client address the access log shows.
                             proxy_headers=settings.access_log,

@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a replica; more -> 429.")
     queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a replica -> 429.")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time for in-flight work.")
+    # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client then always
+    # closes first. Equal timeouts race: the server closes a connection at the moment a client
+    # reuses it, and the kernel answers the new request with a reset.
+    keep_alive_s: int = Field(75, ge=1, description="Idle time before a client connection "
+                              "is closed by the gateway.")
     max_body_bytes: int = Field(
         32 << 20, ge=1024,
         description="Largest request body -> 413 (default: one largest image, base64, fits).",

@@ -203,6 +203,27 @@ def test_pipelined_requests_are_answered_in_order(gateway: Proc) -> None:
     assert json.loads(answers[1][1]) == {"status": "ok"}
 
 
+def test_an_idle_connection_outlives_a_client_keep_alive(gateway: Proc) -> None:
+    """The gateway keeps an idle connection longer than httpx's 5 s: a client reusing it at its
+    own expiry must never meet the gateway's close (a reset: a request lost)."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    url = urlsplit(gateway.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(health)
+        first = b""
+        while not first.endswith(b'{"status":"ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk, "closed before the first answer"
+            first += chunk
+        time.sleep(6.0)  # past uvicorn's default keep-alive (5 s), within httpx's reuse window
+        sock.sendall(health)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "the idle connection was closed"
+
+
 def test_http_1_0_gets_one_answer_and_a_close(gateway: Proc) -> None:
     [(head, body)] = _raw_exchange(gateway, _post({"messages": MSGS}, "1.0"), 1)
     assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
