@@ -6,11 +6,12 @@ middleware chain) and keep the product's own work, in this order:
 
     auth + body limit + JSON shape -> parse -> validate -> proxy.forward -> render -> metrics
 
-`proxy.forward` is unchanged: the checkpoint (`checkpoint.check_body`, images included), routing
-key and request digest from one canonical serialisation, backpressure (per-replica gate, bounded
-queue -> 429), breaker, failover, fingerprint, audit. A body of `longstrings.LONG` bytes or more
-(an image) is parsed by `longstrings.loads`, which leaves its long strings out of the parse and
-hands them to `forward` (`Lifted`), so no pass over the image is made character by character.
+`proxy.forward` does the same for every path: the checkpoint (`checkpoint.check_body`, images
+included), routing key and request digest from one canonical serialisation, backpressure
+(per-replica gate, bounded queue -> 429), breaker, failover, fingerprint, audit. A body of
+`longstrings.LONG` bytes or more (an image) is parsed by `longstrings.loads`, which leaves its
+long strings out of the parse and hands them to `forward` (`Lifted`), so no pass over the image
+is made character by character.
 
 Anything this module does not take on exactly as the FastAPI route would (a refused key, an
 oversized or non-JSON body, a field of an unusual type, a failed constraint) is handed to the
