@@ -5,6 +5,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest_plugins = ["tests.support.census"]
+
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
 
 

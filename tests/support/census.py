@@ -1,0 +1,82 @@
+"""A pytest plugin that counts the vLLM engines a run starts, per test module.
+
+Engines are found the way an operator would find them: by reading /proc. Every engine this
+project starts (launched by a gateway, a `grm-service backend`, a Ray actor or a plain vLLM
+server in a test) runs one of the entry points below, and lives for tens of seconds at least,
+so a scan every half second sees each one. The table is printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ENTRY_POINTS = (b"vllm.entrypoints.openai.api_server", b"vllm.entrypoints.cli.main")
+PERIOD_S = 0.5
+
+
+def _engine_pids() -> set[int]:
+    """The root process of every engine: forked helpers keep their parent's argv."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(point in arg for arg in argv[:4] for point in ENTRY_POINTS):
+            parents[int(entry.name)] = ppid
+    return {pid for pid, ppid in parents.items() if ppid not in parents}
+
+
+class EngineCensus:
+    def __init__(self) -> None:
+        self.module = "(collection)"
+        self.seen: set[int] = set()
+        self.starts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._scan, name="engine-census", daemon=True)
+
+    def start(self) -> None:
+        self.seen = _engine_pids()  # engines running before the session are not its starts
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._count()
+
+    def _count(self) -> None:
+        new = _engine_pids() - self.seen
+        self.seen |= new
+        if new:
+            self.starts[self.module] += len(new)
+
+    def _scan(self) -> None:
+        while not self._stop.wait(PERIOD_S):
+            self._count()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        self._count()  # whatever started before this item belongs to the one before
+        self.module = item.nodeid.split("::")[0]
+        yield
+        self._count()
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        self.stop()
+        total = sum(self.starts.values())
+        terminalreporter.section(f"vLLM engine starts: {total}")
+        for module, count in sorted(self.starts.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{count:4d}  {module}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    census = EngineCensus()
+    census.start()
+    config.pluginmanager.register(census, "engine-census")
