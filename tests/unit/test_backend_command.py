@@ -36,3 +36,14 @@ def test_a_gateway_workers_metrics_folder_does_not_reach_the_engine(tmp_path: Pa
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
     command = backend_command(settings, {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": "/run/x"})
     assert "PROMETHEUS_MULTIPROC_DIR" not in command.env and command.env["PATH"] == "/bin"
+
+
+def test_an_operator_chosen_core_binding_wins_over_the_default_spread(tmp_path: Path) -> None:
+    """Each `backend` is replica 0 of one: without a binding of its own, every one would take
+    core 0."""
+    default = backend_command(Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path),
+                              {})
+    assert default.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    chosen = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path,
+                      engine_env={"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    assert backend_command(chosen, {}).env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
