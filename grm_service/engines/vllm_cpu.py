@@ -10,7 +10,6 @@ from pathlib import Path
 from grm_service import compat, determinism, vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
-
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
