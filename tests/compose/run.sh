@@ -11,6 +11,9 @@
 # dockerd does not come up. GRM_COMPOSE_CHECK=0 skips it on purpose. GRM_COMPOSE_WORKDIR=DIR keeps
 # the engine's images in DIR between runs (a rerun then skips debootstrap and cached build steps);
 # by default everything lives in a fresh temporary folder, removed at the end.
+# GRM_COMPOSE_STACK_AFTER=FILE builds everything, then waits until FILE exists before the stack
+# starts: CI builds the images while the test suite runs and brings up the stack's engines only
+# once the suite's own are gone (FILE holding a non-zero exit code stops here, with that code).
 set -euo pipefail
 # One brace group: bash reads it whole before running, so editing this file mid-run is safe.
 {
@@ -210,6 +213,13 @@ lap "grm-service:gpu build"
 lap "image checks"
 
 # --- the stack --------------------------------------------------------------------------------
+if [ -n "${GRM_COMPOSE_STACK_AFTER:-}" ]; then
+    log "images built; waiting for $GRM_COMPOSE_STACK_AFTER before the stack starts"
+    while [ ! -s "$GRM_COMPOSE_STACK_AFTER" ]; do sleep 2; done
+    gate="$(cat "$GRM_COMPOSE_STACK_AFTER")"
+    [ "$gate" = 0 ] || { log "not starting the stack: the step before it ended with $gate"; exit "$gate"; }
+    lap_from=$SECONDS
+fi
 # A tiny random VLM, built offline; copied so that the containers' uid may read every file.
 model="$("$PY" -m grm_service.tiny_models vlm 2>/dev/null | tail -1)"
 mkdir -p "$W/models"

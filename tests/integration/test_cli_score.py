@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
-from tests.support.scoring import VLM_ARGS, png
+from tests.support.scoring import png
 
 pytestmark = pytest.mark.engine
 
@@ -24,10 +24,10 @@ N = 48
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    model = ensure_tiny_model("vlm")
-    with running_gateway(tmp_path_factory.mktemp("cli"), "--model", str(model),
-                         "--replicas", "2", *VLM_ARGS) as gw:
+def service(vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Proc]:
+    with running_gateway(tmp_path_factory.mktemp("cli"),
+                         *attach_args(vlm_backends, RECIPES["vlm"].served)) as gw:
         yield gw
 
 

@@ -6,6 +6,9 @@
 - A replica that claims the same identity but computes something else — its weights changed in
   place, same size and mtime, so the cached model hash still matches — is refused by the canary
   (each policy); with the canary off, the live audit counts it and `grm-service verify` exits 1.
+
+The good replica is the run's first shared text replica (tests/support/engines.py); the others are
+this module's own, since each is wrong on purpose.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import httpx
 import pytest
 
 from grm_service import compat
+from grm_service.fingerprint import model_hash
 from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import RECIPES, attach_args, start_backend, wait_answering
 from tests.support.procs import Proc, free_port, running_gateway, start_gateway, wait_ready
 
 pytestmark = pytest.mark.engine
 
-ARGS = ["--max-model-len", "512", "--served-model-name", "tiny"]
+SERVED = RECIPES["text"].served
 
 
 def _spawn(tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
@@ -40,12 +45,10 @@ def _spawn(tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = N
     return Proc(popen, f"http://127.0.0.1:{port}", log)
 
 
-def start_backend(tmp: Path, model: Path, dtype: str, name: str) -> Proc:
-    port = free_port()
-    return _spawn(tmp, name, [
-        sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model), "--port",
-        str(port), "--engine", "vllm-cpu", "--dtype", dtype, *ARGS,
-        "--work-dir", str(tmp / f"work-{port}"), "--", "--enforce-eager"])
+def recipe_flags(dtype: str) -> list[str]:
+    flags = RECIPES["text"].flags()
+    flags[flags.index("--dtype") + 1] = dtype
+    return flags
 
 
 def start_plain_vllm(tmp: Path, model: Path) -> Proc:
@@ -57,20 +60,8 @@ def start_plain_vllm(tmp: Path, model: Path) -> Proc:
     os.makedirs(env["TMPDIR"])
     return _spawn(tmp, "plain", [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--port", str(port), "--dtype", "float32", *ARGS, "--enforce-eager"], env)
-
-
-def wait_healthy(proc: Proc, path: str = "/health", timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.popen.poll() is None, proc.tail()
-        try:
-            if httpx.get(proc.url + path, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"backend not answering {path}:\n{proc.tail()}")
+        "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
+        "--served-model-name", SERVED, "--enforce-eager"], env)
 
 
 def change_weights_in_place(model: Path) -> None:
@@ -93,28 +84,26 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def backends(tmp: Path) -> Iterator[tuple[Proc, Proc]]:
-    """`good` loaded the model; then its weights change on disk, size and mtime kept, and
-    `stale` loads the changed ones, reporting the cached (same) model hash."""
-    model = tmp / "model"
+def backends(tmp: Path, text_backends: list[Proc]) -> Iterator[tuple[Proc, Proc]]:
+    """`good` is a shared replica of the model. A copy of the model is hashed as a replica
+    loading it would (the same function, into the hash cache `stale` reads); then the copy's
+    weights change on disk, size and mtime kept, and `stale` loads the changed ones, reporting
+    the cached model hash: the good replica's, since the hash is over names, sizes and bytes."""
+    model, cache = tmp / "model", tmp / "hash-cache"
     shutil.copytree(ensure_tiny_model("text"), model)
-    good = start_backend(tmp, model, "float32", "good")
-    stale: Proc | None = None
+    assert model_hash(str(model), cache) == model_hash(str(ensure_tiny_model("text")))
+    change_weights_in_place(model)
+    stale = start_backend(tmp, model, RECIPES["text"].flags(), "stale",
+                          {"GRM_CACHE_DIR": str(cache)})
     try:
-        wait_healthy(good, "/grm/identity")
-        change_weights_in_place(model)
-        stale = start_backend(tmp, model, "float32", "stale")
-        wait_healthy(stale, "/grm/identity")
-        yield good, stale
+        wait_answering(stale)
+        yield text_backends[0], stale
     finally:
-        good.stop()
-        if stale is not None:
-            stale.stop()
+        stale.stop()
 
 
-def attach_args(*backends: Proc) -> list[str]:
-    return [*(a for b in backends for a in ("--backend-url", b.url)), "--served-model-name",
-            "tiny"]
+def attach(*backends: Proc) -> list[str]:
+    return attach_args(list(backends), SERVED)
 
 
 def replica_states(gw: Proc) -> dict[str, tuple[str, str]]:
@@ -137,17 +126,18 @@ def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identit
 ) -> None:
     good, _ = backends
     model = ensure_tiny_model("text")
-    bf16, plain = start_backend(tmp, model, "bfloat16", "bf16"), start_plain_vllm(tmp, model)
+    bf16 = start_backend(tmp, model, recipe_flags("bfloat16"), "bf16")
+    plain = start_plain_vllm(tmp, model)
     try:
-        wait_healthy(bf16, "/grm/identity")
-        wait_healthy(plain)
-        with running_gateway(tmp, *attach_args(good, bf16, plain), timeout=300) as gw:
+        wait_answering(bf16)
+        wait_answering(plain, "/health")
+        with running_gateway(tmp, *attach(good, bf16, plain), timeout=300) as gw:
             states = wait_settled(gw)
             assert states["r0"][0] == "ready"
             assert states["r1"][0] == states["r2"][0] == "rejected", states
             assert "env input numerics.dtype 'bfloat16' != 'float32'" in states["r1"][1]
             assert "identity 'unverified' != 'verified'" in states["r2"][1]
-        with running_gateway(tmp, *attach_args(plain), timeout=300) as gw:
+        with running_gateway(tmp, *attach(plain), timeout=300) as gw:
             ident = httpx.get(gw.url + "/v1/fingerprint").json()
             assert ident["identity"] == "unverified" and ident["model_hash"] is None
             assert {"model_hash", "env_inputs", "device"} <= set(ident["unknown"])
@@ -164,7 +154,7 @@ def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identit
 def test_canary_refuses_the_replica_with_changed_weights(
     tmp: Path, backends: tuple[Proc, Proc], policy: str
 ) -> None:
-    gw = start_gateway(tmp, *attach_args(*backends),
+    gw = start_gateway(tmp, *attach(*backends),
                        env={"GRM_ON_NONDETERMINISM": policy})
     try:
         wait_ready(gw, 120)
@@ -183,7 +173,7 @@ def test_canary_refuses_the_replica_with_changed_weights(
 @pytest.fixture(scope="module")
 def unpoliced(tmp: Path, backends: tuple[Proc, Proc]) -> Iterator[Proc]:
     """Canary off: the bad replica is routed to, and only the audit and verify can tell."""
-    with running_gateway(tmp, *attach_args(*backends), timeout=120,
+    with running_gateway(tmp, *attach(*backends), timeout=120,
                          env={"GRM_CANARY": "false", "GRM_AUDIT_FRACTION": "1",
                               "GRM_AUDIT_MAX_PER_S": "1000"}) as gw:
         wait_settled(gw)

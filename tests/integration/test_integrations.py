@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from grm_service.integrations import trl, verl
-from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
-from tests.support.scoring import TEXT_ARGS
 
 pytestmark = pytest.mark.engine
 
@@ -22,10 +21,11 @@ LABELS = ["4", "red", "hi"]
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    model = ensure_tiny_model("text")
-    with running_gateway(tmp_path_factory.mktemp("adapters"), "--model", str(model),
-                         "--replicas", "1", *TEXT_ARGS, env={"GRM_SCORERS": SCORERS}) as gw:
+def service(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Proc]:
+    with running_gateway(tmp_path_factory.mktemp("adapters"),
+                         *attach_args(text_backends[:1], RECIPES["text"].served),
+                         env={"GRM_SCORERS": SCORERS}) as gw:
         yield gw
 
 

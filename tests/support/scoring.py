@@ -81,12 +81,6 @@ def broken_score(item: ScoreItem, ctx: ScorerContext) -> float:
     raise ZeroDivisionError("boom")
 
 
-VLM_ARGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
-            "--", "--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')
-TEXT_ARGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
-             "--", "--enforce-eager")
-
-
 def without_replica(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Results as compared across services: the serving replica's name may differ."""
     out = []

