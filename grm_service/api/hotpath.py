@@ -16,7 +16,7 @@ is made character by character.
 Anything this module does not take on exactly as the FastAPI route would (a refused key, an
 oversized or non-JSON body, a field of an unusual type, a failed constraint) is handed to the
 FastAPI app untouched, body included, so error messages and edge cases keep one implementation.
-`tests/unit/test_hotpath.py` checks that what it takes on gives the same bytes as pydantic.
+`tests/unit/api/test_hotpath.py` checks that what it takes on gives the same bytes as pydantic.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers for the scoring tests: images, a fake backend seam and a custom test scorer."""
+"""Helpers for the scoring tests: images, a fake backend seam, custom scorers, a batch runner."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from PIL import Image, ImageDraw
 from grm_service.checkpoint import Limits, check_body
 from grm_service.fingerprint import Fingerprint, json_digest
 from grm_service.images import ImageLimits
+from grm_service.scoring.batch import score_batch
 from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
-from grm_service.scoring.models import ScoreItem
+from grm_service.scoring.models import ScoreItem, ScoreRequest
+from grm_service.scoring.registry import lookup
 
 
 def png(text: str = "HELLO", size: tuple[int, int] = (96, 32)) -> bytes:
@@ -35,6 +37,18 @@ def fingerprint(body: dict[str, Any], payload: dict[str, Any], replica: str = "r
 
 
 LIMITS = Limits(ImageLimits(max_bytes=1 << 20, max_pixels=1 << 20))
+
+
+CUSTOM = ("length=tests.support.scoring:length_score", "rule=tests.support.scoring:rule_score",
+          "broken=tests.support.scoring:broken_score")
+
+
+def request(scorer: str, items: list[dict[str, Any]], **kw: Any) -> ScoreRequest:
+    return ScoreRequest.model_validate({"scorer": scorer, "items": items, **kw})
+
+
+async def run(req: ScoreRequest, send: Any, concurrency: int = 8) -> Any:
+    return await score_batch(req, lookup(req.scorer, CUSTOM), send, concurrency, "grm-test")
 
 
 class FakeBackend:

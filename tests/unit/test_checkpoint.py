@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from PIL import Image
-from pydantic import ValidationError
 
 from grm_service import longstrings
 from grm_service.checkpoint import (
@@ -24,11 +23,12 @@ from grm_service.checkpoint import (
     check_seed,
     json_shape,
 )
-from grm_service.config import Settings
 from grm_service.errors import ConfigError, ImageError, InvalidRequest, OverLimit
-from grm_service.images import ImageLimits, check_image
+from grm_service.images import ImageLimits
 
 LIMITS = Limits(ImageLimits(max_bytes=1 << 20, max_pixels=100_000))
+
+
 TRICKY = ['"', "\\", '\\"', "[[{", "]}", ",,", "\\\\", "é[", "\u2028", ""]
 
 
@@ -97,48 +97,6 @@ def test_caps_name_their_setting() -> None:
         check_body("/v1/chat/completions", {**chat, "n": "2"}, LIMITS)
     with pytest.raises(OverLimit, match="GRM_MAX_TOKENS_LIMIT"):
         check_body("/v1/chat/completions", {**chat, "min_tokens": 10**6}, LIMITS)
-
-
-def encoded(fmt: str, size: tuple[int, int] = (300, 200)) -> bytes:
-    out = io.BytesIO()
-    Image.effect_noise(size, 40).convert("RGB").save(out, fmt)
-    return out.getvalue()
-
-
-@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"])
-def test_whole_images_pass_and_truncated_ones_are_refused(fmt: str) -> None:
-    raw = encoded(fmt)
-    limits = ImageLimits(1 << 20, 100_000)
-    assert check_image(raw, limits) == fmt
-    for cut in (raw[: len(raw) // 2], raw[:-2] if fmt != "PNG" else raw[:-16]):
-        with pytest.raises(ImageError, match="cannot be decoded"):
-            check_image(cut, limits)
-
-
-def test_png_bit_flips_and_pixel_bombs_are_refused_from_the_header() -> None:
-    raw = bytearray(encoded("PNG"))
-    raw[len(raw) // 2] ^= 0xFF
-    with pytest.raises(ImageError, match="cannot be decoded"):
-        check_image(bytes(raw), ImageLimits(1 << 20, 100_000))
-    bomb = io.BytesIO()
-    Image.new("L", (20_000, 20_000)).save(bomb, "PNG")  # ~400 MP in about 0.5 MB
-    with pytest.raises(ImageError, match="limit is 100000 pixels"):
-        check_image(bomb.getvalue(), ImageLimits(1 << 20, 100_000))
-
-
-def test_formats_outside_the_list_are_refused() -> None:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(out, "PPM")
-    with pytest.raises(ImageError, match="not one of PNG"):
-        check_image(out.getvalue(), ImageLimits(1 << 20, 100_000))
-
-
-def test_settings_limits_must_agree() -> None:
-    with pytest.raises(ValidationError, match="cannot carry one image"):
-        Settings(model="m", max_body_bytes=1 << 20)
-    with pytest.raises(ValidationError, match="GRM_MAX_TOKENS_LIMIT"):
-        Settings(model="m", max_tokens_default=9000, max_tokens_limit=8192)
-    Settings(model="m", max_body_bytes=1 << 20, max_image_bytes=512 << 10)
 
 
 def _noisy_png() -> str:

@@ -50,3 +50,11 @@ def test_settings_reach_a_worker_process_unchanged() -> None:
     given = Settings(model="m", workers=3, gpus=[0, 1], engine_env={"X": "1"},
                      api_keys=["k"], max_model_len=2048, engine_args=["--enforce-eager"])
     assert Settings.model_validate_json(given.model_dump_json()) == given
+
+
+def test_settings_limits_must_agree() -> None:
+    with pytest.raises(ValidationError, match="cannot carry one image"):
+        Settings(model="m", max_body_bytes=1 << 20)
+    with pytest.raises(ValidationError, match="GRM_MAX_TOKENS_LIMIT"):
+        Settings(model="m", max_tokens_default=9000, max_tokens_limit=8192)
+    Settings(model="m", max_body_bytes=1 << 20, max_image_bytes=512 << 10)

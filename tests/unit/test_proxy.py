@@ -4,13 +4,18 @@ import asyncio
 
 import pytest
 
+from grm_service import proxy
 from grm_service.config import SerializeMode, Settings
 from grm_service.engines import Capabilities
 from grm_service.errors import StreamingUnsupported, UnknownModel
+from grm_service.metrics import Metrics
 from grm_service.proxy import must_run_alone, prepare
-from grm_service.replicas import Gate
+from grm_service.replicas import Replica, ReplicaPool, ReplicaState
+from grm_service.upstream import Upstream
 
 SETTINGS = Settings(model="/models/m", served_model_name="rm", seed=7, max_tokens_default=99)
+
+
 MSGS = [{"role": "user", "content": "hi"}]
 
 
@@ -34,7 +39,11 @@ def test_prepare_refuses_streaming_and_unknown_models() -> None:
 
 
 BI = Capabilities(batch_invariant=True, sampling_invariant=True, note="")
+
+
 BI_NO_TOPP = Capabilities(batch_invariant=True, sampling_invariant=False, note="")
+
+
 NO_BI = Capabilities(batch_invariant=False, sampling_invariant=False, note="")
 
 
@@ -56,61 +65,6 @@ def test_must_run_alone(body: dict, caps: Capabilities, mode: SerializeMode, alo
     assert must_run_alone(body, caps, mode) is alone
 
 
-async def test_gate_exclusive_waits_for_shared_and_blocks_new_ones() -> None:
-    gate = Gate()
-    events: list[str] = []
-    release = asyncio.Event()
-
-    async def shared(tag: str) -> None:
-        async with gate.shared():
-            events.append(f"{tag}+")
-            await release.wait()
-            events.append(f"{tag}-")
-
-    async def exclusive() -> None:
-        async with gate.exclusive():
-            events.append("X+")
-            assert gate.inflight == 1
-            events.append("X-")
-
-    first = asyncio.create_task(shared("a"))
-    await asyncio.sleep(0.01)
-    excl = asyncio.create_task(exclusive())
-    await asyncio.sleep(0.01)
-    late = asyncio.create_task(shared("b"))
-    await asyncio.sleep(0.01)
-    assert events == ["a+"], "exclusive must wait; later shared must queue behind it"
-    release.set()
-    await asyncio.gather(first, excl, late)
-    assert events == ["a+", "a-", "X+", "X-", "b+", "b-"]
-    assert gate.inflight == 0
-
-
-async def test_gate_shared_requests_overlap() -> None:
-    gate = Gate()
-    peak = 0
-
-    async def one() -> None:
-        nonlocal peak
-        async with gate.shared():
-            peak = max(peak, gate.inflight)
-            await asyncio.sleep(0.01)
-
-    await asyncio.gather(*(one() for _ in range(5)))
-    assert peak == 5
-
-
-def test_breaker_opens_after_threshold_and_closes_on_success() -> None:
-    from grm_service.replicas import Replica
-
-    r = Replica("r0", "u")
-    assert [r.record(False, 10.0, 3, 5.0) for _ in range(3)] == [False, False, True]
-    assert r.breaker_open(14.9) and not r.breaker_open(15.0)
-    assert r.record(False, 11.0, 3, 5.0) is False, "already open: not reopened"
-    r.record(True, 16.0, 3, 5.0)
-    assert r.failures == 0
-
-
 def test_route_skips_open_breakers_unless_all_are_open() -> None:
     import time
 
@@ -127,3 +81,20 @@ def test_route_skips_open_breakers_unless_all_are_open() -> None:
     assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
     pool.replicas[1].open_until = time.monotonic() + 60
     assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
+
+
+# A request that waited for a slot on a replica which went down meanwhile fails over instead
+# of being sent.
+async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> None:
+    replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
+    gw = proxy.Gateway(settings=Settings(model="/models/m", queue_timeout_s=5),
+                       pool=ReplicaPool([replica]), client=Upstream(5.0), metrics=Metrics())
+    await proxy._admit(gw, replica, alone=True)  # the request in flight holds the slot
+    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    replica.state = ReplicaState.DOWN  # the keeper saw it die
+    await replica.gate.release(True)  # the request in flight failed
+    with pytest.raises(proxy._Retryable, match="went down while the request waited"):
+        await waiting
+    assert replica.gate.inflight == 0 and gw.queued == 0

@@ -1,0 +1,73 @@
+"""`POST /v1/score` and `POST /classify` of the FastAPI app in process, a STUB replica behind.
+
+The custom scorers (tests/support/scoring.py) make the scores known: `rule` compares the
+completion with the reference without asking the model, `length` asks the stub for a text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grm_service.config import Settings
+from tests.support.gateway import client, received, serving
+from tests.support.procs import Proc
+
+SCORERS = ["rule=tests.support.scoring:rule_score", "length=tests.support.scoring:length_score"]
+
+
+def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
+    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+                    scorers=SCORERS, **over)
+
+
+async def test_a_batch_is_scored_in_input_order_and_counted(stub: Proc, tmp_path: Path) -> None:
+    items = [{"id": "b", "completion": "4", "reference": "4"},
+             {"id": "a", "completion": "5", "reference": "4"}]
+    async with serving(settings(stub, tmp_path)) as (hot, gw), client(hot.app) as api:
+        await received(stub.url)
+        rule = await api.post("/v1/score", json={"scorer": "rule", "items": items})
+        length = await api.post("/v1/score", json={"scorer": "length", "items": items[:1]})
+        sent = await received(stub.url)
+        count = gw.metrics.registry.get_sample_value
+        counted = (count("grm_score_items_total", {"scorer": "rule", "status": "ok"}),
+                   count("grm_score_items_total", {"scorer": "length", "status": "ok"}))
+    assert rule.status_code == 200, rule.text
+    assert [(r["id"], r["score"], r["status"]) for r in rule.json()["results"]] == [
+        ("b", 1.0, "ok"), ("a", 0.0, "ok")]
+    answer = length.json()["results"][0]
+    assert answer["response"].startswith("stub-") and answer["fingerprint"]["replica"] == "r0"
+    assert [s["path"] for s in sent] == ["/v1/chat/completions"], "rule asks no model"
+    assert sent[0]["body"]["model"] == "rm" and sent[0]["body"]["max_tokens"] == 12
+    assert counted == (2.0, 1.0)
+
+
+async def test_batch_refusals_come_before_any_item_runs(stub: Proc, tmp_path: Path) -> None:
+    item = {"id": "a", "completion": "x"}
+    async with serving(settings(stub, tmp_path, max_score_items=2)) as (hot, _), \
+            client(hot.app) as api:
+        await received(stub.url)
+        too_many = await api.post("/v1/score", json={"scorer": "length", "items": [item] * 3})
+        unknown = await api.post("/v1/score", json={"scorer": "nope", "items": [item]})
+        sampling = await api.post("/v1/score", json={"scorer": "length", "items": [item],
+                                                     "sampling": {"max_tokens": 10**7}})
+        missing = await api.post("/v1/score", json={"scorer": "length", "items": [{}]})
+        assert await received(stub.url) == []
+    assert too_many.status_code == 413 and "GRM_MAX_SCORE_ITEMS" in too_many.text
+    assert unknown.status_code == 400 and "registered:" in unknown.json()["error"]["message"]
+    assert sampling.status_code == 400 and "GRM_MAX_TOKENS_LIMIT" in sampling.text
+    assert missing.status_code == 422 and missing.json()["error"]["param"] == "items.0.id"
+
+
+async def test_classify_is_passed_through_with_a_fingerprint(stub: Proc, tmp_path: Path) -> None:
+    body = {"input": "a good answer"}
+    async with serving(settings(stub, tmp_path)) as (hot, _), client(hot.app) as api:
+        await received(stub.url)
+        r = await api.post("/classify", json=body)
+        other = await api.post("/classify", json={**body, "model": "x"})
+        (sent,) = await received(stub.url)
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == [{"index": 0, "probs": [0.25, 0.75]}]
+    assert r.json()["grm_fingerprint"]["replica"] == r.headers["x-grm-replica"] == "r0"
+    assert sent == {"path": "/classify", "body": {"input": "a good answer", "model": "rm"}}
+    assert other.status_code == 400

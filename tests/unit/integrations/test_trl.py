@@ -1,0 +1,66 @@
+"""The TRL adapter fed the shapes TRL really sends: standard and conversational, images."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from PIL import Image
+
+from grm_service.integrations import common, trl
+from grm_service.scoring.models import ItemResult
+
+
+def result(score: float | None, status: str = "ok") -> ItemResult:
+    return ItemResult(id="0", score=score, status=status,  # type: ignore[arg-type]
+                      error=None if status == "ok" else "bad", digest="d")
+
+
+def test_trl_standard_and_conversational_inputs() -> None:
+    prompts = [[{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}],
+               "plain prompt"]
+    completions = [[{"role": "assistant", "content": "4"}], "five"]
+    image = Image.new("RGB", (8, 8), "white")
+    items = trl.to_items(prompts, completions,
+                         {"reference": ["4", "5"], "image": [image, None],
+                          "completion_ids": [[1], [2]]}, trl.Job("judge"))
+    assert [(i.prompt, i.completion, i.reference) for i in items] == [
+        ("2+2?", "4", "4"), ("plain prompt", "five", "5")]
+    assert isinstance(items[0].image, str) and items[0].image.startswith("data:image/png")
+    assert items[1].image is None
+    assert trl.rewards([result(0.5), result(None, "error")], "grm_judge") == [0.5, None]
+
+
+def test_trl_images_column_and_images_in_the_prompt() -> None:
+    image = Image.new("RGB", (8, 8), "white")
+    columns = {"images": [[image, image], [image]], "reference": ["a", "b"]}
+    items = trl.to_items(["p", "q"], ["x", "y"], columns, trl.Job("ocr"))
+    assert isinstance(items[0].image, list) and len(items[0].image) == 2
+    assert isinstance(items[1].image, str) and items[1].image.startswith("data:image/png")
+    parts = [{"type": "image", "image": image}, {"type": "text", "text": "read this"}]
+    prompt = [{"role": "user", "content": parts}]
+    inline = trl.to_items([prompt, "plain"], ["x", "y"], {}, trl.Job("ocr"))
+    assert isinstance(inline[0].image, str) and inline[1].image is None
+    assert inline[0].prompt == "read this"
+    named = trl.to_items(["p"], ["x"], {"shot": [image], "images": [None]},
+                         trl.Job("ocr", image_key="shot"))
+    assert isinstance(named[0].image, str)
+
+
+def test_trl_failed_item_is_none_with_a_logged_reason(caplog: pytest.LogCaptureFixture) -> None:
+    assert trl.rewards([result(None, "error")], "grm_judge") == [None]
+    assert "grm_judge: sample 0 has no reward: bad" in caplog.text
+
+
+def test_reward_function_needs_a_url() -> None:
+    with pytest.raises(common.ScoringError, match="GRM_SERVICE_URL"):
+        trl.grm_reward(url=None)
+    assert trl.grm_reward(url="http://x", scorer="judge").__name__ == "grm_judge"
+
+
+def test_trl_reward_functions_are_plain_functions() -> None:
+    # The forms every TRL release recognises: a def, and an `async def` for the async path.
+    sync = trl.grm_reward("http://x", "judge", name="judge_sync")
+    async_ = trl.async_grm_reward("http://x", "judge")
+    assert inspect.isfunction(sync) and not inspect.iscoroutinefunction(sync)
+    assert inspect.iscoroutinefunction(async_) and async_.__name__ == "grm_judge"
