@@ -3,7 +3,8 @@
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
 bytes (so routing and fingerprint code see distinct, repeatable outputs), `/classify` with fixed
 probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--garbage
-html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers).
+html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers,
+writing `hang: holding <method> <path>` to stderr; SIGTERM ends it within a second).
 With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
 /stub/received` to clear), so a test can assert what reached an engine, or that nothing did.
 `GET /stub/overlap` tells the most requests it held at once (`DELETE` starts over): with
@@ -44,8 +45,11 @@ GARBAGE = {"html": (b"<html><body>It works!</body></html>", "text/html"),
 
 
 def garbage_app(kind: str) -> Starlette:
-    async def answer(_: Request) -> Response:
+    async def answer(request: Request) -> Response:
         if kind == "hang":
+            # One line per held request on stderr: a test counts the probes it has held.
+            sys.stderr.write(f"hang: holding {request.method} {request.url.path}\n")
+            sys.stderr.flush()
             await asyncio.sleep(3600)
         body, media = GARBAGE[kind]
         return Response(body, media_type=media)
@@ -134,7 +138,10 @@ def main() -> None:
     stub = (garbage_app(args.garbage) if args.garbage
             else build_app(args.delay, args.fail, args.served_model_name, args.version,
                            args.record))
-    config = uvicorn.Config(stub, log_level="warning")
+    # A garbage stub has nothing worth draining: without a bound, SIGTERM would wait for the
+    # requests a "hang" stub holds (an hour).
+    config = uvicorn.Config(stub, log_level="warning",
+                            timeout_graceful_shutdown=1 if args.garbage else None)
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 
 
