@@ -3,11 +3,14 @@
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
 bytes (so routing and fingerprint code see distinct, repeatable outputs), `/classify` with fixed
 probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--garbage
-html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers).
+html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers,
+writing `hang: holding <method> <path>` to stderr; SIGTERM ends it within a second).
 With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
 /stub/received` to clear), so a test can assert what reached an engine, or that nothing did.
-`GET /stub/overlap` tells the most requests it held at once (`DELETE` starts over): with
-`--delay`, a test can see whether requests that must run alone ever overlapped.
+`GET /stub/overlap` tells the most requests it held at once (`DELETE` starts over) and how many
+it holds now: with `--delay`, a test can see whether requests that must run alone ever
+overlapped. After `POST /stub/hold`, chat completions wait until `POST /stub/release`, so a
+test can keep requests in flight for as long as its checks take, on a machine of any pace.
 Start: `python -m grm_service.testing.stub_openai --port 0`; it prints `PORT <n>` once listening.
 """
 
@@ -44,8 +47,11 @@ GARBAGE = {"html": (b"<html><body>It works!</body></html>", "text/html"),
 
 
 def garbage_app(kind: str) -> Starlette:
-    async def answer(_: Request) -> Response:
+    async def answer(request: Request) -> Response:
         if kind == "hang":
+            # One line per held request on stderr: a test counts the probes it has held.
+            sys.stderr.write(f"hang: holding {request.method} {request.url.path}\n")
+            sys.stderr.flush()
             await asyncio.sleep(3600)
         body, media = GARBAGE[kind]
         return Response(body, media_type=media)
@@ -57,6 +63,8 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
               version: str = "stub", record: int = 0) -> Starlette:
     received: deque[dict[str, Any]] = deque(maxlen=record or 1)
     held = {"now": 0, "most": 0}
+    passing = asyncio.Event()  # cleared by POST /stub/hold, set by POST /stub/release
+    passing.set()
 
     def keep(path: str, raw: bytes) -> None:
         if record:
@@ -68,11 +76,12 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     async def chat(request: Request) -> JSONResponse:
         raw = await request.body()
         keep("/v1/chat/completions", raw)
-        if delay_s:
+        if delay_s or not passing.is_set():
             held["now"] += 1
             held["most"] = max(held["most"], held["now"])
             try:
                 await asyncio.sleep(delay_s)
+                await passing.wait()
             finally:
                 held["now"] -= 1
         if fail:
@@ -92,7 +101,11 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     async def overlap(request: Request) -> JSONResponse:
         if request.method == "DELETE":
             held["most"] = held["now"]
-        return JSONResponse({"max_in_flight": held["most"]})
+        return JSONResponse({"max_in_flight": held["most"], "in_flight": held["now"]})
+
+    async def hold(request: Request) -> JSONResponse:
+        (passing.clear if request.url.path == "/stub/hold" else passing.set)()
+        return JSONResponse({"holding": not passing.is_set()})
 
     async def engine_version(_: Request) -> JSONResponse:
         return JSONResponse({"version": version})
@@ -109,6 +122,7 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         Route("/classify", classify, methods=["POST"]),
         Route("/stub/received", seen, methods=["GET", "DELETE"]),
         Route("/stub/overlap", overlap, methods=["GET", "DELETE"]),
+        Route("/stub/hold", hold, methods=["POST"]), Route("/stub/release", hold, methods=["POST"]),
     ])
 
 
@@ -134,7 +148,10 @@ def main() -> None:
     stub = (garbage_app(args.garbage) if args.garbage
             else build_app(args.delay, args.fail, args.served_model_name, args.version,
                            args.record))
-    config = uvicorn.Config(stub, log_level="warning")
+    # A garbage stub has nothing worth draining: without a bound, SIGTERM would wait for the
+    # requests a "hang" stub holds (an hour).
+    config = uvicorn.Config(stub, log_level="warning",
+                            timeout_graceful_shutdown=1 if args.garbage else None)
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 
 

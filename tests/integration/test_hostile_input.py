@@ -233,22 +233,31 @@ def test_health_answers_while_worst_case_options_are_in_flight(gateway: Proc) ->
     def send(name: str, body: dict[str, Any]) -> None:
         answers[name] = post(gateway, "/v1/score", body, timeout=300)
 
+    # The bound is the behaviour: scoring never holds the event loop (decoding or encoding a
+    # batch of 100,000 items on it takes seconds, a backtracking pattern hours). It is scaled by
+    # this machine's pace at the time: the slowest /health with nothing in flight.
+    idle = max(health_s(gateway) for _ in range(20))
+    bound = 1.0 + 10 * idle
     workers = [threading.Thread(target=send, args=item)
                for item in (("judge", judge), ("batch", batch))]
     for worker in workers:
         worker.start()
     slowest = 0.0
     while any(w.is_alive() for w in workers):
-        start = time.monotonic()
-        assert httpx.get(gateway.url + "/health", timeout=10).status_code == 200
-        slowest = max(slowest, time.monotonic() - start)
+        slowest = max(slowest, health_s(gateway))
         time.sleep(0.05)
     for worker in workers:
         worker.join()
     assert answers["judge"].status_code == answers["batch"].status_code == 200
     assert len(answers["batch"].json()["results"]) == MAX_ITEMS
     assert all("no score" in r["error"] for r in answers["judge"].json()["results"])
-    assert slowest < 1.0, f"/health took {slowest:.2f} s"
+    assert slowest < bound, f"/health took {slowest:.2f} s ({idle:.3f} s with nothing in flight)"
+
+
+def health_s(gateway: Proc) -> float:
+    start = time.monotonic()
+    assert httpx.get(gateway.url + "/health", timeout=10).status_code == 200
+    return time.monotonic() - start
 
 
 # -- 3. truthful seeds -----------------------------------------------------------------------

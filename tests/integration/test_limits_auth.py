@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.support.procs import Proc, running_gateway, start_stub
+from tests.support.procs import DEADLINE_S, Proc, running_gateway, start_stub, wait_until
 
 KEY = "s3cret-key"
 
@@ -127,29 +129,31 @@ def test_no_500_from_malformed_json(gateway: Proc) -> None:
 
 
 def test_drain_on_sigterm(tmp_path: Path) -> None:
-    import signal
-    import threading
+    stub = start_stub(tmp_path)
+    try:
+        with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+                             timeout=60) as gw:
+            # From now on the STUB holds each request until released (the canary has passed):
+            # the request stays in flight for as long as the checks below take.
+            httpx.post(stub.url + "/stub/hold").raise_for_status()
+            result: dict[str, int] = {}
 
-    slow = start_stub(tmp_path, "--delay", "2")
-    with running_gateway(tmp_path, "--backend-url", slow.url, "--served-model-name", "rm",
-                         timeout=60) as gw:
-        result: dict[str, int] = {}
+            def inflight() -> None:
+                result["status"] = httpx.post(gw.url + "/v1/chat/completions", json=ok_body(),
+                                              timeout=DEADLINE_S).status_code
 
-        def inflight() -> None:
-            result["status"] = httpx.post(gw.url + "/v1/chat/completions", json=ok_body(),
-                                          timeout=30).status_code
-
-        worker = threading.Thread(target=inflight)
-        worker.start()
-        import time
-
-        time.sleep(0.5)
-        gw.popen.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert httpx.get(gw.url + "/ready").status_code == 503
-        refused = httpx.post(gw.url + "/v1/chat/completions", json=ok_body(), timeout=5)
-        assert refused.status_code == 503
-        worker.join(10)
-        assert result["status"] == 200, "the in-flight request must finish"
-        assert gw.popen.wait(20) == 0
-    slow.stop()
+            worker = threading.Thread(target=inflight)
+            worker.start()
+            wait_until(lambda: httpx.get(stub.url + "/stub/overlap").json()["in_flight"] == 1,
+                       "the request reached the STUB")
+            gw.popen.send_signal(signal.SIGTERM)
+            wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 503, "draining")
+            refused = httpx.post(gw.url + "/v1/chat/completions", json=ok_body(), timeout=30)
+            assert refused.status_code == 503
+            assert worker.is_alive() and gw.popen.poll() is None, "the drain waits for it"
+            httpx.post(stub.url + "/stub/release").raise_for_status()
+            worker.join(DEADLINE_S)
+            assert result["status"] == 200, "the in-flight request must finish"
+            assert gw.popen.wait(DEADLINE_S) == 0
+    finally:
+        stub.stop()

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +101,23 @@ def running_gateway(
         yield proc
     finally:
         proc.stop()
+
+
+# A deadline for waits on things that take seconds: only a broken run comes near it, so it can
+# be generous for a loaded machine.
+DEADLINE_S = 120.0
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
+    """Poll `check` until it holds; fail naming `what` after `timeout` s. HTTP errors count as
+    not yet (the process asked may be starting or stopping)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if check():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def pids_alive(pids: list[int]) -> list[int]:

@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import signal
 import time
-from multiprocessing.synchronize import Event
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 from grm_service.replicas import Gate
@@ -16,6 +16,8 @@ from grm_service.shared_gate import GateFile
 
 _SPAWN = multiprocessing.get_context("spawn")
 _HOLD_S = 0.01
+# A spawned process imports before it can hold anything; a loaded machine takes seconds.
+_START_S = 120.0
 
 
 async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int,
@@ -34,17 +36,17 @@ async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int,
 
 
 def _worker(path: str, worker: int, exclusive: bool, tasks: int, rounds: int, out: str,
-            go: Event, shared_file: bool) -> None:
+            go: Barrier, shared_file: bool) -> None:
     """One worker process: `tasks` tasks, each taking the replica's gate `rounds` times."""
     gates = GateFile(Path(path), worker, 2)
     gate = gates.gate(0) if shared_file else Gate()
-    go.wait(10)
+    go.wait(_START_S)
     spans = asyncio.run(_hold_many(gate, exclusive, tasks, rounds))
     Path(out).write_text(json.dumps(spans))
 
 
 def _run_pair(tmp_path: Path, shared_file: bool) -> tuple[list[list[float]], list[list[float]]]:
-    go = _SPAWN.Event()
+    go = _SPAWN.Barrier(3)
     lock = str(tmp_path / "gates")
     outs = [str(tmp_path / "alone.json"), str(tmp_path / "shared.json")]
     procs = [
@@ -53,8 +55,7 @@ def _run_pair(tmp_path: Path, shared_file: bool) -> tuple[list[list[float]], lis
     ]
     for proc in procs:
         proc.start()
-    time.sleep(0.5)  # both imported and waiting
-    go.set()
+    go.wait(_START_S)  # both imported and waiting: they start together
     for proc in procs:
         proc.join(60)
         assert proc.exitcode == 0
@@ -115,8 +116,8 @@ def test_a_dead_holder_frees_the_replica(tmp_path: Path) -> None:
     assert asyncio.run(_acquire_within(gate, False, 5))
 
 
-def _stream_shared(path: str, stop: str) -> None:
-    """Overlapping shared holders, without a gap, until told to stop."""
+def _stream_shared(path: str, stop: str, running: str) -> None:
+    """Overlapping shared holders, without a gap, until told to stop; `running` once all are."""
     gate = GateFile(Path(path), 1, 2).gate(0)
 
     async def one() -> None:
@@ -129,17 +130,21 @@ def _stream_shared(path: str, stop: str) -> None:
         for _ in range(4):
             tasks.append(asyncio.create_task(one()))
             await asyncio.sleep(0.005)
+        Path(running).touch()
         await asyncio.gather(*tasks)
 
     asyncio.run(many())
 
 
 def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Path) -> None:
-    lock, stop = str(tmp_path / "gates"), tmp_path / "stop"
-    stream = _SPAWN.Process(target=_stream_shared, args=(lock, str(stop)))
+    lock, stop, running = str(tmp_path / "gates"), tmp_path / "stop", tmp_path / "running"
+    stream = _SPAWN.Process(target=_stream_shared, args=(lock, str(stop), str(running)))
     stream.start()
     try:
-        time.sleep(1.0)  # the stream is running
+        deadline = time.monotonic() + _START_S
+        while not running.exists() and time.monotonic() < deadline:  # the stream is running
+            time.sleep(0.05)
+        assert running.exists(), "the shared stream never started"
         gate = GateFile(Path(lock), 0, 2).gate(0)
         assert asyncio.run(_acquire_within(gate, True, 5))
     finally:
@@ -149,9 +154,9 @@ def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Pat
 
 
 def _hold_bounded(path: str, worker: int, tasks: int, capacity: int, out: str,
-                  go: Event) -> None:
+                  go: Barrier) -> None:
     gate = GateFile(Path(path), worker, 2).gate(0)
-    go.wait(10)
+    go.wait(_START_S)
     spans = asyncio.run(_hold_many(gate, False, tasks, 6, capacity))
     Path(out).write_text(json.dumps(spans))
 
@@ -166,15 +171,14 @@ def _most_at_once(spans: list[list[float]]) -> int:
 
 
 def _bounded_run(tmp_path: Path, tasks: list[int], capacity: int) -> list[list[float]]:
-    go = _SPAWN.Event()
+    go = _SPAWN.Barrier(len(tasks) + 1)
     lock = str(tmp_path / "gates")
     outs = [str(tmp_path / f"w{w}.json") for w in range(len(tasks))]
     procs = [_SPAWN.Process(target=_hold_bounded, args=(lock, w, n, capacity, outs[w], go))
              for w, n in enumerate(tasks)]
     for proc in procs:
         proc.start()
-    time.sleep(0.5)
-    go.set()
+    go.wait(_START_S)
     for proc in procs:
         proc.join(60)
         assert proc.exitcode == 0

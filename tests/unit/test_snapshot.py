@@ -31,7 +31,11 @@ async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
     follower.on_reference(lambda ref: settled.append(ref.served_model))
     await published.start()
     try:
-        await asyncio.sleep(0.5)  # every replica checked, each change published
+        want = [ReplicaState.READY, ReplicaState.READY, ReplicaState.REJECTED,
+                ReplicaState.REJECTED]
+        async with asyncio.timeout(60):  # every replica checked, each change published
+            while [r.state for r in keeper.pool.replicas] != want:
+                await asyncio.sleep(0.01)
         keeper.pool.replicas[1].serialized = True
         published.publish()
         follower.refresh()
