@@ -23,7 +23,7 @@ from pathlib import Path
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+?)::")
 CENSUS = re.compile(r"^=+ vLLM engine starts: (\d+) =+$")
 CENSUS_ROW = re.compile(r"^\s*(\d+)\s+(tests/\S+\.py)$")
-SUMMARY = re.compile(r"^=+ (.*\d+ passed.*) in ([\d.]+)s")
+SUMMARY = re.compile(r"^(?:=+ )?(.*\d+ passed.*) in ([\d.]+)s")
 
 
 @dataclass

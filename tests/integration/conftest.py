@@ -1,8 +1,9 @@
 """The engine tests share the replicas of tests/support/engines.py.
 
 The tests that need engines run last, grouped by the recipe they use, in ORDER below, so that each
-recipe is up for one stretch of the run and stopped after its last user; the first recipe needed
-starts as the run begins, and comes up while the faster tests run.
+recipe is up for one stretch of the run and stopped after its last user. Recipes start ahead of
+their first user where memory allows (PRESTART_*): the first ones as the run begins, coming up
+while the faster tests run.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import pytest
 from tests.support.engines import LAUNCHED, EnginePool
 from tests.support.procs import Proc
 
-# Module -> its place among the engine modules. Text-replica users first (the police and Ray
-# start their own engines besides, so the text replicas go before them, then the launched service),
-# the replica-killing chaos last of the text users; then the classifier and the VLM.
+# The engine modules, in the order they run: the classifier's and the text replicas' users first
+# (both recipes start with the run), the police and Ray with engines of their own besides (Ray
+# stops the text replicas early), the replica-killing chaos last of the launched service's users,
+# then the VLM's, whose replicas start while chaos runs.
 ORDER = [
-    "test_engine_cpu.py", "test_integrations.py", "test_determinism_police.py",
-    "test_ray_launcher.py", "test_chaos.py", "test_score_classify.py", "test_score_engine.py",
-    "test_cli_score.py",
+    "test_score_classify.py", "test_engine_cpu.py", "test_integrations.py",
+    "test_determinism_police.py", "test_ray_launcher.py", "test_chaos.py",
+    "test_score_engine.py", "test_cli_score.py",
 ]
+PRESTART_AT_START = ("classifier", "text")
+PRESTART_DURING = {"test_chaos.py": ("vlm",)}
 # Fixture -> the recipe it holds.
 RECIPE_OF = {"text_backends": "text", "vlm_backends": "vlm",
              "classifier_backend": "classifier", "launched_text": LAUNCHED}
@@ -46,15 +50,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     pool = EnginePool()
     session.config.stash[POOL] = pool
     last: dict[str, int] = {}
-    first: list[str] = []
     for index, item in enumerate(session.items):
         for recipe in _recipes(item):
             last[recipe] = index
-            if recipe not in first:
-                first.append(recipe)
     session.config.stash[LAST_USE] = last
-    if first and not session.config.option.collectonly:
-        pool.prestart(first[0])
+    if not session.config.option.collectonly:
+        for recipe in PRESTART_AT_START:
+            if recipe in last:
+                pool.prestart(recipe)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A module's first test: prestart what the modules after it need (not used before)."""
+    items = item.session.items
+    index = items.index(item)
+    if index and items[index - 1].path == item.path:
+        return
+    later = {r for it in items[index:] if it.path != item.path for r in _recipes(it)}
+    for recipe in PRESTART_DURING.get(item.path.name, ()):
+        if recipe in later:
+            item.config.stash[POOL].prestart(recipe)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -83,23 +84,46 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("police")
 
 
+@dataclass
+class Suspects:
+    good: Proc  # a shared replica of the model
+    stale: Proc
+    bf16: Proc
+    plain: Proc
+
+
 @pytest.fixture(scope="module")
-def backends(tmp: Path, text_backends: list[Proc]) -> Iterator[tuple[Proc, Proc]]:
-    """`good` is a shared replica of the model. A copy of the model is hashed as a replica
-    loading it would (the same function, into the hash cache `stale` reads); then the copy's
-    weights change on disk, size and mtime kept, and `stale` loads the changed ones, reporting
-    the cached model hash: the good replica's, since the hash is over names, sizes and bytes."""
+def suspects(tmp: Path, text_backends: list[Proc]) -> Iterator[Suspects]:
+    """This module's own replicas, started together (one wait for three engines).
+
+    A copy of the model is hashed as a replica loading it would (the same function, into the
+    hash cache `stale` reads); then the copy's weights change on disk, size and mtime kept, and
+    `stale` loads the changed ones, reporting the cached model hash: the good replica's, since
+    the hash is over names, sizes and bytes. `bf16` differs in numerics; `plain` is vLLM's own
+    server, with no identity route."""
     model, cache = tmp / "model", tmp / "hash-cache"
     shutil.copytree(ensure_tiny_model("text"), model)
     assert model_hash(str(model), cache) == model_hash(str(ensure_tiny_model("text")))
     change_weights_in_place(model)
-    stale = start_backend(tmp, model, RECIPES["text"].flags(), "stale",
-                          {"GRM_CACHE_DIR": str(cache)})
+    started = [
+        start_backend(tmp, model, RECIPES["text"].flags(), "stale", {"GRM_CACHE_DIR": str(cache)}),
+        start_backend(tmp, ensure_tiny_model("text"), recipe_flags("bfloat16"), "bf16"),
+        start_plain_vllm(tmp, ensure_tiny_model("text")),
+    ]
     try:
+        stale, bf16, plain = started
         wait_answering(stale)
-        yield text_backends[0], stale
+        wait_answering(bf16)
+        wait_answering(plain, "/health")
+        yield Suspects(text_backends[0], stale, bf16, plain)
     finally:
-        stale.stop()
+        for proc in started:
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def backends(suspects: Suspects) -> tuple[Proc, Proc]:
+    return suspects.good, suspects.stale
 
 
 def attach(*backends: Proc) -> list[str]:
@@ -122,32 +146,23 @@ def wait_settled(gw: Proc, timeout: float = 300) -> dict[str, tuple[str, str]]:
 
 
 def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identity(
-    tmp: Path, backends: tuple[Proc, Proc]
+    tmp: Path, suspects: Suspects
 ) -> None:
-    good, _ = backends
-    model = ensure_tiny_model("text")
-    bf16 = start_backend(tmp, model, recipe_flags("bfloat16"), "bf16")
-    plain = start_plain_vllm(tmp, model)
-    try:
-        wait_answering(bf16)
-        wait_answering(plain, "/health")
-        with running_gateway(tmp, *attach(good, bf16, plain), timeout=300) as gw:
-            states = wait_settled(gw)
-            assert states["r0"][0] == "ready"
-            assert states["r1"][0] == states["r2"][0] == "rejected", states
-            assert "env input numerics.dtype 'bfloat16' != 'float32'" in states["r1"][1]
-            assert "identity 'unverified' != 'verified'" in states["r2"][1]
-        with running_gateway(tmp, *attach(plain), timeout=300) as gw:
-            ident = httpx.get(gw.url + "/v1/fingerprint").json()
-            assert ident["identity"] == "unverified" and ident["model_hash"] is None
-            assert {"model_hash", "env_inputs", "device"} <= set(ident["unknown"])
-            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-            fp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120).json()
-            assert fp["grm_fingerprint"]["identity"] == "unverified"
-            assert fp["system_fingerprint"].startswith("grm-unverified-")
-    finally:
-        bf16.stop()
-        plain.stop()
+    good, bf16, plain = suspects.good, suspects.bf16, suspects.plain
+    with running_gateway(tmp, *attach(good, bf16, plain), timeout=300) as gw:
+        states = wait_settled(gw)
+        assert states["r0"][0] == "ready"
+        assert states["r1"][0] == states["r2"][0] == "rejected", states
+        assert "env input numerics.dtype 'bfloat16' != 'float32'" in states["r1"][1]
+        assert "identity 'unverified' != 'verified'" in states["r2"][1]
+    with running_gateway(tmp, *attach(plain), timeout=300) as gw:
+        ident = httpx.get(gw.url + "/v1/fingerprint").json()
+        assert ident["identity"] == "unverified" and ident["model_hash"] is None
+        assert {"model_hash", "env_inputs", "device"} <= set(ident["unknown"])
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        fp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120).json()
+        assert fp["grm_fingerprint"]["identity"] == "unverified"
+        assert fp["system_fingerprint"].startswith("grm-unverified-")
 
 
 @pytest.mark.parametrize("policy", ["fail", "serialize"])

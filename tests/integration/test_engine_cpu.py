@@ -169,14 +169,17 @@ def audits_settled(gw: Proc, timeout: float = 600) -> dict[str, Any]:
     raise AssertionError(f"audits still in progress: {report}")
 
 
-def test_thousand_audited_requests_zero_violations(two: Proc) -> None:
+AUDITED = 400  # each one ran twice, serialized per replica: ~0.1 s of a core per request here
+
+
+def test_hundreds_of_audited_requests_zero_violations(two: Proc) -> None:
     def ask(i: int) -> None:
         post(two, request(f"audit {i}", max_tokens=1))
 
     before = audits_settled(two)["audited"]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(ask, range(1000)))
+        list(pool.map(ask, range(AUDITED)))
     report = audits_settled(two)
-    assert report["audited"] - before == 1000, report
+    assert report["audited"] - before == AUDITED, report
     assert report["violations"] == 0, report["recent_violations"][:1]
     assert report["rate_limited"] == 0

@@ -2,12 +2,14 @@
 
 Engines are found the way an operator would find them: by reading /proc. Every engine this
 project starts (launched by a gateway, a `grm-service backend`, a Ray actor or a plain vLLM
-server in a test) runs one of the entry points below, and lives for tens of seconds at least,
-so a scan every half second sees each one. The table is printed at the end of the session.
+server in a test) runs one of the entry points below, below the pytest process, and lives for
+tens of seconds at least, so a scan every half second sees each one. The table is printed at
+the end of the session.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from pathlib import Path
@@ -19,8 +21,10 @@ PERIOD_S = 0.5
 
 
 def _engine_pids() -> set[int]:
-    """The root process of every engine: forked helpers keep their parent's argv."""
+    """The root process of every engine below this one (forked helpers keep their parent's argv;
+    engines of other runs on the machine are not this run's)."""
     parents: dict[int, int] = {}
+    engines: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -29,9 +33,21 @@ def _engine_pids() -> set[int]:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
+        parents[int(entry.name)] = ppid
         if any(point in arg for arg in argv[:4] for point in ENTRY_POINTS):
-            parents[int(entry.name)] = ppid
-    return {pid for pid, ppid in parents.items() if ppid not in parents}
+            engines.add(int(entry.name))
+    return {pid for pid in engines
+            if parents.get(pid) not in engines and _below(pid, os.getpid(), parents)}
+
+
+def _below(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    seen = set()
+    while pid in parents and pid not in seen:
+        seen.add(pid)
+        pid = parents[pid]
+        if pid == ancestor:
+            return True
+    return False
 
 
 class EngineCensus:
