@@ -17,15 +17,16 @@ from tests.support.procs import Proc
 
 # The engine modules, in the order they run: the classifier's and the text replicas' users first
 # (both recipes start with the run), the police and Ray with engines of their own besides (Ray
-# stops the text replicas early), the replica-killing chaos last of the launched service's users,
-# then the VLM's, whose replicas start while chaos runs.
+# stops the text replicas early, and the launched service starts with it), the replica-killing
+# chaos last of the launched service's users, then the VLM's, whose replicas start during chaos.
+# At most six engines run at once (about 2.2 GiB each here).
 ORDER = [
     "test_score_classify.py", "test_engine_cpu.py", "test_integrations.py",
     "test_determinism_police.py", "test_ray_launcher.py", "test_chaos.py",
     "test_score_engine.py", "test_cli_score.py",
 ]
 PRESTART_AT_START = ("classifier", "text")
-PRESTART_DURING = {"test_chaos.py": ("vlm",)}
+PRESTART_DURING = {"test_ray_launcher.py": (LAUNCHED,), "test_chaos.py": ("vlm",)}
 # Fixture -> the recipe it holds.
 RECIPE_OF = {"text_backends": "text", "vlm_backends": "vlm",
              "classifier_backend": "classifier", "launched_text": LAUNCHED}

@@ -5,9 +5,10 @@ machine: a second raylet with its own resources joins the head, the two replicas
 the two nodes, the second node is killed, and the lost replica is failed over, re-placed on the
 node left, and serves the same bits again. One cluster serves every Ray test here.
 
-The launched and attached replicas are the run's shared ones (tests/support/engines.py); their
-answers are taken before the cluster starts, and the shared text replicas stopped (this module is
-their last user), so that no more than four engines run at once."""
+The launched and attached replicas are the run's shared ones (tests/support/engines.py). The
+attached ones answer before the cluster starts, and are then stopped (this module is their last
+user), while the launched service comes up beside the cluster (tests/integration/conftest.py
+starts it with this module)."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ class TwoNodes:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp: Path, local_outputs: list[dict[str, Any]]) -> Iterator[TwoNodes]:
+def two_nodes(tmp: Path, attach_outputs: list[dict[str, Any]]) -> Iterator[TwoNodes]:
     """A head (2 CPUs) and a second raylet (1 CPU, its own object store), each in its own process
     group (so each is stopped by group, not `ray stop`)."""
     env = ray_env()

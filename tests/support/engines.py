@@ -14,7 +14,8 @@ Each recipe starts when a test first asks for it (or earlier: `prestart`), with 
 parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
 so no more engines are up at once than the machine's memory holds. A test that must kill, corrupt
 or reconfigure a replica starts its own, or uses `launched-text` and waits until the keeper has put
-it back. A recipe whose process died is started again on the next request, and says so.
+it back. A recipe whose process died is started again on the next request, and says so. Under
+`pytest --cov` the shared backends run unmeasured (see `start_backend`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,17 @@ def attach_args(backends: list[Proc], served: str) -> list[str]:
             served]
 
 
+# Set by `pytest --cov` for every Python process the run starts (coverage.py's subprocess patch).
+COVERAGE_ENV = "COVERAGE_PROCESS_CONFIG"
+
+
 def start_backend(root: Path, model: Path, flags: list[str], name: str,
-                  env: dict[str, str] | None = None) -> Proc:
-    """One `grm-service backend` (the engine replaces that process), in its own group."""
+                  env: dict[str, str] | None = None, measured: bool = True) -> Proc:
+    """One `grm-service backend` (the engine replaces that process), in its own group.
+
+    `measured=False` keeps coverage out of it: tracing every call of a vLLM engine costs it half
+    again its start-up and its requests (33 -> 51 s, 2.2 -> 3.2 s for 40 requests, measured
+    here), and the engine-side code is measured in the engines the tests launch themselves."""
     port = free_port()
     before, after = flags[:flags.index("--")], flags[flags.index("--"):]
     argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
@@ -78,8 +87,15 @@ def start_backend(root: Path, model: Path, flags: list[str], name: str,
     log_path = root / f"{name}-{port}.log"
     with log_path.open("wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env={**os.environ, **(env or {})})
+                                 start_new_session=True, env=_env(env, measured))
     return Proc(popen, f"http://127.0.0.1:{port}", log_path)
+
+
+def _env(extra: dict[str, str] | None, measured: bool) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
+    if not measured:
+        env.pop(COVERAGE_ENV, None)
+    return env
 
 
 def wait_answering(proc: Proc, path: str = "/grm/identity", timeout: float = START_TIMEOUT_S
@@ -119,7 +135,7 @@ class EnginePool:
         # Each backend is replica 0 of one: spread their engines over the cores.
         bind = {"VLLM_CPU_OMP_THREADS_BIND": str(index % 2)}
         return start_backend(self.root, model, recipe.flags(), f"{name}{index}",
-                             {"GRM_ENGINE_ENV": json.dumps(bind)})
+                             {"GRM_ENGINE_ENV": json.dumps(bind)}, measured=False)
 
     def backends(self, name: str) -> list[Proc]:
         """The recipe's replicas, each answering its identity; a dead one is started anew."""
