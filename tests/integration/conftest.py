@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.engines import LAUNCHED, EnginePool
-from tests.support.procs import Proc
+from tests.support.procs import Proc, start_stub
 
 # The engine modules, in the order they run: the classifier's and the text replicas' users first
 # (both recipes start with the run), the police and Ray with engines of their own besides (Ray
@@ -41,6 +41,10 @@ def _engine_rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_engine_rank)  # stable: the order within each module is kept
+    # Under xdist (`-n 2 --dist loadgroup`, the default): the engine tests on one worker, in this
+    # order, sharing its pool; everything else on the other, beside them.
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("engines" if _engine_rank(item) else "light"))
 
 
 def _recipes(item: pytest.Item) -> set[str]:
@@ -55,10 +59,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for recipe in _recipes(item):
             last[recipe] = index
     session.config.stash[LAST_USE] = last
-    if not session.config.option.collectonly:
-        for recipe in PRESTART_AT_START:
-            if recipe in last:
-                pool.prestart(recipe)
+    # Serially, the engine tests come last: their first recipes start with the run. An xdist
+    # worker only learns that it runs them from its first engine test (below).
+    if not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
+        _prestart(pool, PRESTART_AT_START, set(last))
+
+
+def _prestart(pool: EnginePool, recipes: tuple[str, ...], wanted: set[str]) -> None:
+    for recipe in recipes:
+        if recipe in wanted:
+            pool.prestart(recipe)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -67,10 +77,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     index = items.index(item)
     if index and items[index - 1].path == item.path:
         return
+    if _engine_rank(item) and not (index and _engine_rank(items[index - 1])):
+        _prestart(item.config.stash[POOL], PRESTART_AT_START,
+                  {r for it in items[index:] for r in _recipes(it)})
     later = {r for it in items[index:] if it.path != item.path for r in _recipes(it)}
-    for recipe in PRESTART_DURING.get(item.path.name, ()):
-        if recipe in later:
-            item.config.stash[POOL].prestart(recipe)
+    _prestart(item.config.stash[POOL], PRESTART_DURING.get(item.path.name, ()), later)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -97,6 +108,18 @@ def release_if_last(request: pytest.FixtureRequest, fixture: str) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if POOL in config.stash:
         config.stash[POOL].close()
+
+
+@pytest.fixture(scope="session")
+def stub_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Proc]]:
+    """Two recording STUB backends shared by the gateway tests' gateways (`gateway_on_stubs(...,
+    shared=stub_pair)` clears their records for each). A test that needs other STUB behaviour
+    (delays, garbage, held requests) starts its own."""
+    tmp = tmp_path_factory.mktemp("stubs")
+    stubs = [start_stub(tmp, "--record", "100000") for _ in range(2)]
+    yield stubs
+    for stub in stubs:
+        stub.stop()
 
 
 @pytest.fixture(scope="session")

@@ -57,8 +57,8 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gateway_and_stubs(tmp: Path) -> Iterator[tuple[Proc, list[Proc]]]:
-    with gateway_on_stubs(tmp, stub_args=("--record", "100000")) as pair:
+def gateway_and_stubs(tmp: Path, stub_pair: list[Proc]) -> Iterator[tuple[Proc, list[Proc]]]:
+    with gateway_on_stubs(tmp, shared=stub_pair) as pair:
         yield pair
 
 

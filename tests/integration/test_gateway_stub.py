@@ -20,8 +20,8 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gateway_and_stubs(tmp: Path) -> Iterator[tuple[Proc, list[Proc]]]:
-    with gateway_on_stubs(tmp, "--seed", "11") as pair:
+def gateway_and_stubs(tmp: Path, stub_pair: list[Proc]) -> Iterator[tuple[Proc, list[Proc]]]:
+    with gateway_on_stubs(tmp, "--seed", "11", shared=stub_pair) as pair:
         yield pair
 
 

@@ -33,9 +33,11 @@ ENV = {"GRM_API_KEYS": KEY, "GRM_IMAGE_URL_ALLOWLIST": ALLOWED + ",https://img.i
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, list[Proc]]]:
+def service(
+    tmp_path_factory: pytest.TempPathFactory, stub_pair: list[Proc]
+) -> Iterator[tuple[Proc, list[Proc]]]:
     tmp = tmp_path_factory.mktemp("hostile")
-    with gateway_on_stubs(tmp, stub_args=("--record", "1000"), env=ENV) as pair:
+    with gateway_on_stubs(tmp, env=ENV, shared=stub_pair) as pair:
         yield pair
 
 

@@ -113,10 +113,12 @@ def ray_start(tmp: Path, name: str, env: dict[str, str], *args: str) -> subproce
 
 
 def kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> None:
+    """The whole node: SIGTERM, then SIGKILL of its group (a `ray start --block` node takes
+    longer than 20 s to stop by itself here)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(popen.pid, sig)
     try:
-        popen.wait(20)
+        popen.wait(5)
     except subprocess.TimeoutExpired:
         os.killpg(popen.pid, signal.SIGKILL)
         popen.wait(10)

@@ -28,9 +28,10 @@ LABELS = ["4", "x", "hi"]
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def gateway(tmp_path_factory: pytest.TempPathFactory, stub_pair: list[Proc]) -> Iterator[Proc]:
     env = {"GRM_API_KEYS": KEY, "GRM_SCORERS": SCORERS}
-    with gateway_on_stubs(tmp_path_factory.mktemp("keyed"), env=env) as (gw, _):
+    with gateway_on_stubs(tmp_path_factory.mktemp("keyed"), env=env,
+                          shared=stub_pair) as (gw, _):
         yield gw
 
 

@@ -4,7 +4,8 @@ Engines are found the way an operator would find them: by reading /proc. Every e
 project starts (launched by a gateway, a `grm-service backend`, a Ray actor or a plain vLLM
 server in a test) runs one of the entry points below, below the pytest process, and lives for
 tens of seconds at least, so a scan every half second sees each one. The table is printed at
-the end of the session.
+the end of the session (under xdist, each worker counts its own and sends the counts to the
+controller).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 ENTRY_POINTS = (b"vllm.entrypoints.openai.api_server", b"vllm.entrypoints.cli.main")
 PERIOD_S = 0.5
+OUTPUT_KEY = "grm_engine_starts"
 
 
 def _engine_pids() -> set[int]:
@@ -63,6 +65,8 @@ class EngineCensus:
         self._thread.start()
 
     def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
         self._stop.set()
         self._thread.join(5)
         self._count()
@@ -84,6 +88,18 @@ class EngineCensus:
         yield
         self._count()
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        """xdist's controller: a worker's counts, sent at its session's end."""
+        output = getattr(node, "workeroutput", {})
+        self.starts.update(output.get(OUTPUT_KEY, {}))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: its counts go to the controller
+            self.stop()
+            workeroutput[OUTPUT_KEY] = dict(self.starts)
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         self.stop()
         total = sum(self.starts.values())
@@ -92,7 +108,12 @@ class EngineCensus:
             terminalreporter.write_line(f"{count:4d}  {module}")
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     census = EngineCensus()
-    census.start()
+    if not _xdist_controller(config):  # the controller runs no test: its workers count
+        census.start()
     config.pluginmanager.register(census, "engine-census")

@@ -151,17 +151,20 @@ def descendants(pid: int) -> list[int]:
 @contextlib.contextmanager
 def gateway_on_stubs(
     tmp: Path, *args: str, count: int = 2, stub_args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, shared: list[Proc] | None = None,
 ) -> Iterator[tuple[Proc, list[Proc]]]:
-    """A gateway attached to `count` STUB backends (served model "rm"); all stopped after."""
-    stubs = [start_stub(tmp, *stub_args) for _ in range(count)]
+    """A gateway attached to `count` STUB backends (served model "rm"), stopped after; the STUBs
+    too, unless they are `shared` (the run's recording pair, whose records are cleared first)."""
+    if shared is not None:
+        received(shared, clear=True)
+    stubs = shared if shared is not None else [start_stub(tmp, *stub_args) for _ in range(count)]
     try:
         urls = [a for s in stubs for a in ("--backend-url", s.url)]
         with running_gateway(tmp, *urls, "--served-model-name", "rm", *args,
                              timeout=60, env=env) as gateway:
             yield gateway, stubs
     finally:
-        for stub in stubs:
+        for stub in stubs if shared is None else []:
             stub.stop()
 
 
