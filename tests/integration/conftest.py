@@ -39,6 +39,7 @@ def _engine_rank(item: pytest.Item) -> int:
     return ORDER.index(name) + 1 if name in ORDER else 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_engine_rank)  # stable: the order within each module is kept
     # Under xdist (`-n 2 --dist loadgroup`, the default): the engine tests on one worker, in this
