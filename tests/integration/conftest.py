@@ -53,6 +53,12 @@ def _recipes(item: pytest.Item) -> set[str]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if getattr(session.config.option, "loadgroup", False) and session.items:
+        grouped = session.items[0].nodeid.rsplit("@", 1)[-1] in ("engines", "light")
+        if not grouped:  # the engine tests would be spread over workers, each with engines
+            raise pytest.UsageError("pytest-xdist's --dist loadgroup did not group the tests "
+                                    "(pytest >= 9.2, pytest-xdist #1386): install pytest<9.2, "
+                                    "or run with -n 0")
     pool = EnginePool()
     session.config.stash[POOL] = pool
     last: dict[str, int] = {}
