@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -145,8 +147,11 @@ def two_nodes(tmp: Path, attach_outputs: list[dict[str, Any]]) -> Iterator[TwoNo
     group (so each is stopped by group, not `ray stop`)."""
     env = ray_env()
     port = free_port()
+    # Ray's socket paths live under its temp dir and must fit AF_UNIX's 107 bytes: pytest's own
+    # temp dirs (one more level per xdist worker) are too deep.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     head = ray_start(tmp, "head", env, "--head", "--port", str(port), "--num-cpus", "2",
-                     "--include-dashboard=false", "--temp-dir", str(tmp / "r"))
+                     "--include-dashboard=false", "--temp-dir", str(ray_tmp))
     second = None
     try:
         wait_port(port, 60)
@@ -162,6 +167,7 @@ def two_nodes(tmp: Path, attach_outputs: list[dict[str, Any]]) -> Iterator[TwoNo
         if second is not None:
             kill_group(second)
         kill_group(head)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @dataclass
