@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,11 +19,12 @@ import pytest
 
 from grm_service.admission import Admission
 from grm_service.config import Settings
-from grm_service.engines import Capabilities, ChildCommand, Engine, ReplicaSpec
+from grm_service.engines import ReplicaSpec
 from grm_service.keeper import _PROBE_TIMEOUT_S, Keeper
 from grm_service.metrics import Metrics
 from grm_service.sources import LocalSource
 from tests.support.procs import Proc, pids_alive, start_gateway, start_stub
+from tests.support.stub_engine import StubEngine
 
 HEALTH_INTERVAL_S = 0.5
 # A deadline for things that happen in seconds; only a broken run waits this long.
@@ -106,31 +106,6 @@ def test_garbage_replicas_are_refused_and_the_others_stay_watched(
         assert r.status_code == 200, r.text
     finally:
         gw.stop()
-
-
-class StubEngine(Engine):
-    """The STUB backend as a locally launched replica: a replica that always comes up."""
-
-    name = "stub"
-    distribution = "grm-service"
-
-    def capabilities(self, version: str | None = None,
-                     env: Mapping[str, str] | None = None) -> Capabilities:
-        return Capabilities(False, False, "stub")
-
-    def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
-        return [sys.executable, "-m", "grm_service.testing.stub_openai", "--port", str(spec.port),
-                "--served-model-name", "rm"]
-
-    def deterministic_env(self) -> dict[str, str]:
-        return {}
-
-    def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
-        return {}
-
-    def command(self, spec: ReplicaSpec, base_env: Mapping[str, str],
-                host: str = "127.0.0.1") -> ChildCommand:
-        return ChildCommand(self.argv(spec, host), dict(base_env), (spec.work_dir,))
 
 
 class BrokenStub(StubEngine):

@@ -5,39 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 
 from grm_service.config import Settings
-from grm_service.engines import Capabilities, ChildCommand, Engine, ReplicaSpec
+from grm_service.engines import ReplicaSpec
 from grm_service.sources import AttachedSource, LocalSource, attached_sources, local_sources
 from tests.support.procs import pids_alive
-
-
-class StubEngine(Engine):
-    """The STUB backend as an engine profile: `argv` is all it needs to be launched."""
-
-    name = "stub"
-    distribution = "grm-service"
-
-    def capabilities(self, version: str | None = None,
-                     env: Mapping[str, str] | None = None) -> Capabilities:
-        return Capabilities(False, False, "stub")
-
-    def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
-        return [sys.executable, "-m", "grm_service.testing.stub_openai", "--port", str(spec.port)]
-
-    def deterministic_env(self) -> dict[str, str]:
-        return {}
-
-    def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
-        return {}
-
-    def command(self, spec: ReplicaSpec, base_env: Mapping[str, str],
-                host: str = "127.0.0.1") -> ChildCommand:
-        return ChildCommand(self.argv(spec, host), dict(base_env), (spec.work_dir,))
+from tests.support.stub_engine import StubEngine
 
 
 async def healthy(url: str, timeout_s: float = 20) -> int:
