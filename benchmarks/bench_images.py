@@ -46,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 
-from grm_service.checkpoint import Limits, check_body
-from grm_service.images import ImageLimits
+from grm_service.canonical import canonical_json
+from grm_service.gateway.request.checkpoint import Limits, check_body
+from grm_service.gateway.request.images import ImageLimits
 
 WORDS = ["invoice", "total", "amount", "2026", "page", "section", "lorem", "ipsum", "reward",
          "model", "policy", "score", "batch", "replica", "seed", "fingerprint"]
@@ -149,18 +150,19 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     """ms of CPU per call of each whole-body step, as the grm_service on sys.path runs it."""
     import zlib
 
-    from grm_service import checkpoint, fingerprint, router
-    from grm_service.api import hotpath
-    from grm_service.checkpoint import check_json_shape
+    from grm_service import fingerprint
+    from grm_service.gateway.edge import hotpath
+    from grm_service.gateway.request import checkpoint, router
+    from grm_service.gateway.request.checkpoint import check_json_shape
 
     raw = json.dumps(body).encode()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
     try:  # this branch: long strings lifted at parse, spliced into the canonical JSON
-        from grm_service import longstrings
+        from grm_service.gateway.request import longstrings
     except ImportError:
         parse: Callable[[], Any] = lambda: (hotpath.load_json(raw), None)  # noqa: E731
         canonical: Callable[[Any, Any], list[Any]] = (  # noqa: E731
-            lambda b, _: [router.canonical_json(b)])
+            lambda b, _: [canonical_json(b)])
         check: Callable[[Any, Any], None] = (  # noqa: E731
             lambda b, _: check_body("/v1/chat/completions", b, limits))
     else:

@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 
-from grm_service.api.app import create_app
-from grm_service.api.hotpath import HotPath
-from grm_service.api.hotserver import hot_protocol
 from grm_service.config import Settings
-from grm_service.upstream import Upstream, _Connection, _Target
+from grm_service.gateway.app import create_app
+from grm_service.gateway.edge.hotpath import HotPath
+from grm_service.gateway.edge.protocol import hot_protocol
+from grm_service.gateway.request.upstream import Upstream, _Connection, _Target
 
 _ANSWER = (b'{"id":"chatcmpl-stub","object":"chat.completion","created":0,"model":"rm",'
            b'"choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":'

@@ -30,9 +30,9 @@ PY_SPY = procs.PEERS_BIN / "py-spy"
 # First match wins; ordered from the most specific.
 BUCKETS = [
     ("grm_service.fingerprint / blake3", r"grm_service/fingerprint\.py|blake3"),
-    ("grm_service.router (canonical json, crc32)", r"grm_service/router\.py"),
-    ("grm_service.proxy", r"grm_service/proxy\.py"),
-    ("grm_service.api (routes, middleware, guards)", r"grm_service/api/"),
+    ("grm_service.gateway.request.router (canonical json, crc32)", r"grm_service/router\.py"),
+    ("grm_service.gateway.request.proxy", r"grm_service/proxy\.py"),
+    ("grm_service.gateway.edge (routes, middleware, guards)", r"grm_service/gateway/edge/"),
     ("pydantic (validate, model_dump)", r"pydantic"),
     ("prometheus_client", r"prometheus_client"),
     ("json (stdlib)", r"/json/"),

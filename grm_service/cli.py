@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -11,11 +10,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import uvicorn
 from pydantic import ValidationError
 
-from grm_service.api.app import create_app
-from grm_service.api.hotserver import hot_protocol
 from grm_service.commands.backend import exec_backend, replica_spec
 from grm_service.commands.demo import demo_command
 from grm_service.commands.score import score_command
@@ -28,26 +24,17 @@ from grm_service.config import (
     SerializeMode,
     Settings,
 )
+from grm_service.engine_side.identity import compute_identity
 from grm_service.engines import select_engine
-from grm_service.heap import keep_freed_memory
-from grm_service.replica_identity import compute_identity
-from grm_service.server import DrainingServer
-from grm_service.workers import WorkerRole, run_workers
+from grm_service.gateway.serve import run_server
+from grm_service.logs import setup_logging
+from grm_service.workers.manager import run_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Deterministic scoring service for reward models.")
 log = logging.getLogger("grm_service")
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
-def setup_logging(level: str, process: str = "") -> None:
-    """`process` names a worker process (`serve --workers N`) in each of its lines."""
-    tag = f"{process} " if process else ""
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
-    # One line per backend call would drown the lifecycle events.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def build_settings(**given: Any) -> Settings:
@@ -106,41 +93,9 @@ def serve(
         served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
         launcher=launcher, ray_address=ray_address, ray_placement=ray_placement,
     )
+    if settings.workers > 1:
+        raise typer.Exit(run_workers(settings, log_level))
     raise typer.Exit(run_server(settings, log_level))
-
-
-def run_server(
-    settings: Settings, log_level: str = "info", worker: WorkerRole | None = None
-) -> int:
-    """Serve until a signal or a fatal start-up error; the exit code says which. With
-    `--workers N` this process manages N worker processes (workers.py); `worker` is set in each."""
-    if worker is None and settings.workers > 1:
-        return run_workers(settings, log_level)
-    failure: list[str] = []
-    keep_freed_memory(settings.malloc_keep_bytes)
-    config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
-                            log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
-                            timeout_keep_alive=settings.keep_alive_s,
-                            access_log=settings.access_log,
-                            # X-Forwarded-For only changes the client address the access log shows.
-                            proxy_headers=settings.access_log,
-                            http=hot_protocol(settings.max_body_bytes))
-    server = DrainingServer(config, settings.drain_timeout_s)
-
-    def fatal(message: str) -> None:
-        failure.append(message)
-        server.should_exit = True
-
-    config.app = create_app(settings, on_fatal=fatal, worker=worker)
-    # What start-up built (modules, the app, its schemas: ~80k objects) lives as long as the
-    # process: kept out of the cycle collector, whose full passes would otherwise walk it all
-    # every few thousand requests (measured ~5 us per request on the hot path).
-    gc.collect()
-    gc.freeze()
-    # Server.run uses uvicorn's loop factory (uvloop when installed); asyncio.run(serve())
-    # would silently run the stock asyncio loop.
-    server.run(sockets=[worker.socket()] if worker else None)
-    return 1 if failure else 0
 
 
 @app.command(context_settings=_EXTRA)

@@ -18,7 +18,7 @@ from typing import Any
 import blake3
 from pydantic import BaseModel
 
-from grm_service.router import canonical_json
+from grm_service.canonical import canonical_json
 
 log = logging.getLogger(__name__)
 

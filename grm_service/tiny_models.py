@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from grm_service import compat
+from grm_service.engine_side import compat
 
 logger = logging.getLogger(__name__)
 

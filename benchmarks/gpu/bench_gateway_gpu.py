@@ -71,7 +71,7 @@ def _workers_of(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if parent == pid and b"grm_service.worker" in cmdline:
+        if parent == pid and b"grm_service.workers.worker" in cmdline:
             found.append(int(entry.name))
     return found
 

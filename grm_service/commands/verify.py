@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grm_service.diffing import diff_runs, load_results
+from grm_service.commands.diffing import diff_runs, load_results
+from grm_service.commands.prober import Report, Row, verify
 from grm_service.probes import builtin_probes, load_manifest
-from grm_service.verify import Report, Row, verify
 
 console = Console()
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from grm_service.config import Settings
+from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE, arg_value
 from grm_service.host import distribution_version
 from grm_service.metrics import MULTIPROCESS_ENV
-from grm_service.replica_identity import CACHE_DIR_ENV, MIDDLEWARE, arg_value
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from grm_service import compat, determinism, vllm_plugin
+from grm_service import determinism
+from grm_service.engine_side import compat, vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"

@@ -6,7 +6,8 @@ import os
 import sys
 from collections.abc import Mapping
 
-from grm_service import determinism, vllm_plugin
+from grm_service import determinism
+from grm_service.engine_side import vllm_plugin
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 from grm_service.host import gpu_facts
 

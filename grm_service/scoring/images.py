@@ -1,5 +1,6 @@
-"""Score-item images, normalised to data URLs; the checkpoint (`grm_service.checkpoint`) checks
-them on their way to the engine, with the same limits as chat images.
+"""Score-item images, normalised to data URLs; the checkpoint
+(`grm_service.gateway.request.checkpoint`) checks them on their way to the engine, with the same
+limits as chat images.
 
 The original bytes are kept (never re-encoded) so the replica sees exactly what the client sent,
 and nothing is decoded here: bare base64 gets its media type from its first bytes.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import base64
 
-from grm_service.images import is_data_url, sniff_mime
+from grm_service.gateway.request.images import is_data_url, sniff_mime
 from grm_service.scoring.context import ItemError
 
 

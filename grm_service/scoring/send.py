@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grm_service.errors import UnknownModel
-from grm_service.proxy import Gateway, forward, prepare
+from grm_service.gateway.request.proxy import Gateway, forward, prepare
 from grm_service.scoring.context import CHAT_PATH, Reply, Send
 
 

@@ -57,7 +57,8 @@ def check_plugin(binary: str, image: str) -> None:
                    image, "-c", PLUGIN_PROBE)
     assert probe.returncode == 0, probe.stderr[-3000:]
     report = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert report == {"entry_point": "grm_service.vllm_plugin:register", "uid": 10001}, report
+    expected = {"entry_point": "grm_service.engine_side.vllm_plugin:register", "uid": 10001}
+    assert report == expected, report
     # vLLM's loader called register(): on a CPU it decides to stay idle and says why.
     assert "grm_service vLLM plugin idle" in probe.stderr, probe.stderr[-3000:]
 

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from grm_service.verify import verify
+from grm_service.commands.prober import verify
 from tests.support.procs import Proc, start_gateway, wait_ready
 
 pytestmark = [

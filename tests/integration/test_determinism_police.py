@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from grm_service import compat
+from grm_service.engine_side import compat
 from grm_service.fingerprint import model_hash
 from grm_service.tiny_models import ensure_tiny_model
 from tests.support.engines import RECIPES, attach_args, start_backend, wait_answering

@@ -1,7 +1,8 @@
 """Hostile input, tried through HTTP on a gateway in attach mode with keys set, in front of STUB
 replicas that record every body they receive: what is refused must never reach them.
 
-Each test names the checkpoint rule it tries (grm_service/checkpoint.py, images.py, judge.py).
+Each test names the checkpoint rule it tries (grm_service/gateway/request/checkpoint.py, images.py,
+judge.py).
 """
 
 from __future__ import annotations

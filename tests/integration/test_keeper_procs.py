@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from grm_service.admission import Admission
 from grm_service.config import Settings
 from grm_service.engines import ReplicaSpec
-from grm_service.keeper import _PROBE_TIMEOUT_S, Keeper
 from grm_service.metrics import Metrics
-from grm_service.sources import LocalSource
+from grm_service.replicas.admission import Admission
+from grm_service.replicas.keeper import _PROBE_TIMEOUT_S, Keeper
+from grm_service.replicas.sources import LocalSource
 from tests.support.procs import Proc, pids_alive, start_gateway, start_stub
 from tests.support.stub_engine import StubEngine
 
@@ -124,7 +124,7 @@ async def test_a_replica_that_cannot_start_does_not_stop_the_others(
     keeper = Keeper(settings, Metrics(),
                     [LocalSource(StubEngine(settings), 0), LocalSource(BrokenStub(settings), 1)],
                     Admission(settings, client), client)
-    caplog.set_level(logging.ERROR, logger="grm_service.keeper")
+    caplog.set_level(logging.ERROR, logger="grm_service.replicas.keeper")
     try:
         await asyncio.wait_for(keeper.start(), DEADLINE_S)  # serves on the good one
         good, failing = keeper.pool.replicas

@@ -10,10 +10,10 @@ from typing import Any, cast
 import httpx
 from fastapi import FastAPI
 
-from grm_service.api.app import create_app
-from grm_service.api.hotpath import HotPath
 from grm_service.config import Settings
-from grm_service.proxy import Gateway
+from grm_service.gateway.app import create_app
+from grm_service.gateway.edge.hotpath import HotPath
+from grm_service.gateway.request.proxy import Gateway
 
 
 @contextlib.asynccontextmanager

@@ -8,9 +8,9 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from grm_service.checkpoint import Limits, check_body
 from grm_service.fingerprint import Fingerprint, json_digest
-from grm_service.images import ImageLimits
+from grm_service.gateway.request.checkpoint import Limits, check_body
+from grm_service.gateway.request.images import ImageLimits
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.context import CHAT_PATH, Reply, ScorerContext
 from grm_service.scoring.models import ScoreItem, ScoreRequest

@@ -7,8 +7,8 @@ import pytest
 
 from grm_service import fingerprint
 from grm_service.config import Settings
+from grm_service.engine_side.identity import ReplicaIdentity, compute_identity
 from grm_service.engines import ReplicaSpec, VllmCpu, VllmGpu
-from grm_service.replica_identity import ReplicaIdentity, compute_identity
 
 
 def _model(tmp_path: Path) -> Path:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from grm_service.commands.backend import backend_command
 from grm_service.config import Settings
+from grm_service.engine_side.identity import MIDDLEWARE
 from grm_service.engines import select_engine
-from grm_service.replica_identity import MIDDLEWARE
 
 
 def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> None:

@@ -1,0 +1,236 @@
+"""The FastAPI app factory and its lifespan, which builds every shared object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from grm_service import __version__
+from grm_service.config import Launcher, Settings
+from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.engines import select_engine
+from grm_service.errors import GrmError, error_body
+from grm_service.gateway.edge import routes_admin, routes_integrations, routes_openai, routes_score
+from grm_service.gateway.edge.guards import Guards
+from grm_service.gateway.edge.hotpath import HotPath
+from grm_service.gateway.edge.middleware import MetricsMiddleware
+from grm_service.gateway.edge.score_body import add_score_schema
+from grm_service.gateway.request.audit import Auditor
+from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.gateway.role import WorkerRole
+from grm_service.metrics import Metrics
+from grm_service.replicas.admission import Admission, OutputCheck
+from grm_service.replicas.canary import Canary
+from grm_service.replicas.keeper import Keeper
+from grm_service.replicas.pool import Replica, ReplicaPool
+from grm_service.replicas.pooling_canary import PoolingCanary
+from grm_service.replicas.shared_gate import GateFile
+from grm_service.replicas.snapshot import Follower, Published
+from grm_service.replicas.sources import attached_sources, local_sources
+from grm_service.scoring.registry import registered
+
+log = logging.getLogger(__name__)
+
+OnFatal = Callable[[str], None]
+
+
+def _keeper(settings: Settings, metrics: Metrics, admission: Admission,
+            client: httpx.AsyncClient) -> tuple[Keeper, Callable[[], Awaitable[None]] | None]:
+    """The keeper over this deployment's replica sources, and what closes their cluster."""
+    if settings.attach:
+        return Keeper(settings, metrics, attached_sources(settings), admission, client), None
+    engine = select_engine(settings)
+    if settings.launcher is Launcher.RAY:
+        # Imported here: Ray is an optional extra (`grm-service[ray]`).
+        from grm_service.replicas.launchers.ray import RayCluster
+
+        cluster = RayCluster(settings, engine)
+        return Keeper(settings, metrics, cluster.sources(), admission, client), cluster.close
+    return Keeper(settings, metrics, local_sources(engine), admission, client), None
+
+
+def _output_checks(settings: Settings, metrics: Metrics) -> OutputCheck | None:
+    """The canary, then the pooling canary (which proves only what the engine profile claims)."""
+    if not settings.canary:
+        return None
+    checks: list[OutputCheck] = [Canary(settings, metrics), PoolingCanary(settings, metrics)]
+
+    async def run(replica: Replica, client: httpx.AsyncClient) -> str | None:
+        for check in checks:
+            if problem := await check(replica, client):
+                return problem
+        return None
+
+    return run
+
+
+def _settled(gw: Gateway, reference: ReplicaIdentity) -> None:
+    gw.settle(reference)
+    ident = gw.identity
+    gw.metrics.info.info({"seed": str(ident.seed), "fingerprint": ident.fingerprint_id,
+                          "engine": str(ident.engine), "identity": ident.identity,
+                          "version": __version__})
+
+
+def _report_start(on_fatal: OnFatal | None, task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is None:
+        log.info("service ready")
+        return
+    message = err.message if isinstance(err, GrmError) else repr(err)
+    log.error("start-up failed: %s", message)
+    if on_fatal is not None:
+        on_fatal(message)
+
+
+class ReplicaSide(Protocol):
+    """Whoever keeps this process's replica pool current."""
+
+    pool: ReplicaPool
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _replica_side(
+    settings: Settings, worker: WorkerRole | None, metrics: Metrics, admission: Admission,
+    probes: httpx.AsyncClient,
+) -> tuple[ReplicaSide, Callable[[], Awaitable[None]] | None]:
+    """The keeper; with `--workers N`, the keeper's worker publishes its replica set and the
+    others follow it, every replica's gate shared by all of them."""
+    if worker is None:
+        return _keeper(settings, metrics, admission, probes)
+    gates = GateFile(worker.gates_path, worker.index, worker.count)
+    keeper, close_cluster = (_keeper(settings, metrics, admission, probes) if worker.keeper
+                             else (None, None))
+
+    async def close() -> None:
+        if close_cluster is not None:
+            await close_cluster()
+        gates.close()  # last: closing the file drops this process's locks
+
+    if keeper is None:
+        return Follower(worker.snapshot_path, gates.gate), close
+    for index, replica in enumerate(keeper.pool.replicas):
+        replica.gate = gates.gate(index)
+    bound = settings.drain_timeout_s + settings.shutdown_grace_s
+    return Published(keeper, worker.snapshot_path, lambda: worker.followers_gone(bound)), close
+
+
+async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
+    """`grm_worker_requests`: which worker answers how much (off the hot path, every second)."""
+    assert metrics.worker_requests is not None
+    gauge = metrics.worker_requests.labels(worker=str(worker.index))
+    while True:
+        gauge.set(metrics.answered())
+        await asyncio.sleep(1.0)
+
+
+def _lifespan(
+    settings: Settings, on_fatal: OnFatal | None, worker: WorkerRole | None
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A bad --scorers entry fails start-up rather than the first request.
+        log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
+        metrics = Metrics(worker.metrics_dir if worker else None)
+        probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
+        admission = Admission(settings, probes, _output_checks(settings, metrics))
+        side, close_side = _replica_side(settings, worker, metrics, admission, probes)
+        # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
+        client = Upstream(settings.request_timeout_s, ack_timeout_s=settings.backend_ack_timeout_s)
+        # With N workers each one audits at 1/N of the rate: the limit holds for the service.
+        audit_rate = settings.audit_max_per_s / (worker.count if worker else 1)
+        auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
+        gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
+                     auditor=auditor)
+        # The reference identity: admission's where the keeper runs, else the snapshot's.
+        (side if isinstance(side, Follower) else admission).on_reference(
+            lambda ref: _settled(gw, ref))
+        app.state.gateway = gw
+        background = [asyncio.create_task(side.start(), name="grm-start")]
+        background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
+        if worker is not None:
+            background.append(asyncio.create_task(_count_answered(metrics, worker)))
+        try:
+            yield
+        finally:
+            gw.draining = True
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await auditor.close()
+            await side.stop()
+            if close_side is not None:
+                await close_side()
+            await probes.aclose()
+            await client.close()
+
+    return lifespan
+
+
+async def _grm_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GrmError)
+    headers = {"retry-after": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
+
+
+def validation_body(exc: RequestValidationError) -> dict[str, object]:
+    """FastAPI's `{"detail": [...]}` as OpenAI's error object, so SDK users read which field is
+    wrong and how (an OpenAI client shows `error.message`, not FastAPI's detail)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    return {"error": {"message": "; ".join(problems) or "invalid request",
+                      "type": "invalid_request_error", "param": param, "code": 422}}
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(validation_body(exc), status_code=422)
+
+
+def create_app(settings: Settings, on_fatal: OnFatal | None = None,
+               worker: WorkerRole | None = None) -> HotPath:
+    """The hot routes (api/hotpath.py) in front of the FastAPI app, which serves the rest.
+    `worker`: this process is one of `serve --workers N` (workers.py)."""
+    app = FastAPI(title="grm-service", version=__version__,
+                  lifespan=_lifespan(settings, on_fatal, worker))
+    app.add_exception_handler(GrmError, _grm_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(Guards, settings=settings)
+    app.add_middleware(MetricsMiddleware)
+    app.include_router(routes_admin.router)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_score.router)
+    app.include_router(routes_integrations.router)
+    _with_score_schema(app, settings)
+    return HotPath(app, settings, lambda: app.state)
+
+
+def _with_score_schema(app: FastAPI, settings: Settings) -> None:
+    """/v1/score reads its own body (in chunks): its schema is added to the generated one."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            add_score_schema(generate(), registered(tuple(settings.scorers)))
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]

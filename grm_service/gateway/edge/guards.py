@@ -1,0 +1,124 @@
+"""Body-size limit, JSON shape bounds and bearer-key auth as plain ASGI middleware (before any
+body is parsed: a parser given a 900-deep or million-value body recurses or allocates first and
+fails later)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from grm_service.config import Settings
+from grm_service.errors import GrmError
+from grm_service.gateway.request.checkpoint import check_json_shape
+
+OPEN_PATHS = frozenset({"/health", "/ready"})
+# Set in the ASGI scope's state: whether the request carried a valid key (or none is needed).
+# Open paths read it to decide how much to show (e.g. /ready's replica details).
+AUTHORIZED = "grm_authorized"
+
+
+Headers = list[tuple[bytes, bytes]]
+
+
+async def _refuse(send: Send, status: int, message: str, headers: Headers) -> None:
+    body = json.dumps({"error": {"message": message, "type": "refused", "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def presented_key(header: bytes) -> bytes | None:
+    """The key in `Bearer <key>`, or the password of `Basic` credentials: clients that send no
+    headers of their own (OpenRLHF) can carry the key in the URL, `http://user:<key>@host/`,
+    which aiohttp and httpx send as Basic."""
+    scheme, _, value = header.partition(b" ")
+    if scheme.lower() == b"bearer":
+        return value.strip()
+    if scheme.lower() == b"basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True)
+        except binascii.Error:
+            return None
+        return decoded.partition(b":")[2]
+    return None
+
+
+def key_ok(header: bytes, keys: list[bytes]) -> bool:
+    """The Authorization header presents one of `keys`."""
+    token = presented_key(header)
+    if token is None:
+        return False
+    # Compare against every key, always: the time taken must not tell which one matched.
+    matches = [hmac.compare_digest(token, key) for key in keys]
+    return any(matches)
+
+
+class Guards:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.limit = settings.max_body_bytes
+        self.max_depth = settings.max_json_depth
+        self.max_values = settings.max_json_values
+        self.keys = [key.encode() for key in settings.all_api_keys()]
+        self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | {"/metrics"}
+
+    def _has_key(self, scope: Scope) -> bool:
+        if not self.keys:
+            return True
+        return key_ok(dict(scope["headers"]).get(b"authorization", b""), self.keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        has_key = self._has_key(scope)
+        scope.setdefault("state", {})[AUTHORIZED] = has_key
+        if not has_key and scope["path"] not in self.open_paths:
+            await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
+                          "<key>' (or the key as the URL's password)",
+                          [(b"www-authenticate", b"Bearer")])
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            size = int(declared)
+            await _refuse(send, 413, f"body is {size} bytes; the limit is {self.limit}", [])
+            return
+        await self._limited(scope, receive, send)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body up to the limit before the app sees it (the app would buffer it anyway);
+        a chunked body gives no length up front."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _refuse(send, 413, f"body exceeds the limit of {self.limit} bytes", [])
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            check_json_shape(body, self.max_depth, self.max_values)
+        except GrmError as err:
+            await _refuse(send, err.http_status, err.message, [])
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,65 @@
+"""Health, readiness, metrics and the service identity."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from grm_service.fingerprint import Identity
+from grm_service.gateway.edge.deps import gateway
+from grm_service.gateway.edge.guards import AUTHORIZED
+from grm_service.gateway.request.proxy import Gateway
+
+router = APIRouter()
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The gateway process is up (replicas may still be starting: see /ready)."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
+    """Open to load balancers (the status code); replica details (addresses, pids, errors)
+    only with a valid key when keys are set."""
+    ok = bool(gw.pool.ready()) and not gw.draining
+    status = 200 if ok else 503
+    if not getattr(request.state, AUTHORIZED, False):
+        return JSONResponse({"ready": ok}, status_code=status)
+    replicas = [
+        {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,
+         "in_flight": r.gate.inflight, "pid": r.pid, "detail": r.detail}
+        for r in gw.pool.replicas
+    ]
+    return JSONResponse({"ready": ok, "replicas": replicas}, status_code=status)
+
+
+@router.get("/metrics")
+async def metrics(gw: GatewayDep) -> Response:
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/fingerprint")
+async def fingerprint(gw: GatewayDep) -> Identity:
+    return gw.identity
+
+
+@router.get("/v1/audit")
+async def audit(gw: GatewayDep) -> dict[str, Any]:
+    """Live-audit counts and the most recent violations, each with both fingerprints."""
+    report: dict[str, Any] = gw.auditor.report() if gw.auditor else {"fraction": 0.0}
+    report["serialized_replicas"] = [r.name for r in gw.pool.replicas if r.serialized]
+    return report
+
+
+@router.get("/v1/capabilities")
+async def capabilities(gw: GatewayDep) -> dict[str, Any]:
+    caps = gw.capabilities
+    return {"batch_invariant": caps.batch_invariant,
+            "sampling_invariant": caps.sampling_invariant, "note": caps.note,
+            "serialize": gw.settings.serialize, "routing": gw.settings.routing}

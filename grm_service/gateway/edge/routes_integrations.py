@@ -1,0 +1,47 @@
+"""Trainer-facing endpoints: OpenRLHF's remote reward protocol on top of the batch scorer."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+
+from grm_service.errors import InvalidRequest
+from grm_service.gateway.edge.deps import gateway
+from grm_service.gateway.edge.routes_score import run_score
+from grm_service.gateway.request.proxy import Gateway
+from grm_service.integrations.openrlhf import (
+    AUTO,
+    DEFAULT_ERROR_REWARD,
+    RewardRequest,
+    to_items,
+    to_response,
+)
+from grm_service.scoring.models import ScoreRequest
+
+router = APIRouter()
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+@router.post("/openrlhf/reward")
+async def openrlhf_reward(
+    req: RewardRequest, gw: GatewayDep,
+    scorer: Annotated[str, Query(description="Registered scorer to use.")] = "judge",
+    error_reward: Annotated[
+        float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).",
+                     allow_inf_nan=False)
+    ] = DEFAULT_ERROR_REWARD,
+    special_tokens: Annotated[str, Query(
+        description="Stripped from query and prompts: auto (common chat-template tokens), "
+                    "keep, or a comma-separated list.")] = AUTO,
+) -> dict[str, Any]:
+    """`--reward.remote_url` points here: `.../openrlhf/reward?scorer=judge`. A failed item is
+    `error_reward` with `extra_logs.grm_error` = 1, never a failed call: OpenRLHF would retry
+    the whole batch, then drop its rewards."""
+    try:
+        # pydantic's ValidationError is a ValueError: an empty scorer or no items is a 400.
+        request = ScoreRequest(scorer=scorer, items=to_items(req, special_tokens))
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from None
+    answer = await run_score(gw, request)
+    return to_response(answer.results, error_reward)

@@ -1,0 +1,33 @@
+"""OpenAI-compatible routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from grm_service.fingerprint import fingerprint_headers
+from grm_service.gateway.edge.deps import gateway, pinned_replica
+from grm_service.gateway.edge.schemas import ChatCompletionRequest
+from grm_service.gateway.request.answer import wrap
+from grm_service.gateway.request.proxy import Gateway, forward, prepare
+
+router = APIRouter()
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+PinDep = Annotated[str | None, Depends(pinned_replica)]
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
+    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
+    forwarded = await forward(gw, "/v1/chat/completions", body, pin)
+    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))
+
+
+@router.get("/v1/models")
+async def models(gw: GatewayDep) -> dict[str, Any]:
+    card = {"id": gw.settings.model_name, "object": "model", "owned_by": "grm-service",
+            "root": gw.settings.model or gw.settings.model_name}
+    return {"object": "list", "data": [card]}

@@ -1,0 +1,66 @@
+"""`POST /v1/score` (batch scoring) and `POST /classify` (DisRM pass-through)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from grm_service.errors import TooLarge
+from grm_service.fingerprint import fingerprint_headers
+from grm_service.gateway.edge.deps import gateway, pinned_replica
+from grm_service.gateway.edge.score_body import read_score_request
+from grm_service.gateway.request import checkpoint
+from grm_service.gateway.request.answer import wrap
+from grm_service.gateway.request.proxy import Gateway, forward
+from grm_service.scoring.batch import score_batch
+from grm_service.scoring.models import ScoreRequest, ScoreResponse
+from grm_service.scoring.registry import check_options, lookup
+from grm_service.scoring.send import make_send, pooling_body
+
+router = APIRouter()
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+PinDep = Annotated[str | None, Depends(pinned_replica)]
+
+
+async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
+    """Request-level checks (400/413 before any item runs), then the batch."""
+    cap = gw.settings.max_score_items
+    if len(req.items) > cap:
+        raise TooLarge(f"{len(req.items)} items in one batch; the limit is {cap} "
+                       "(GRM_MAX_SCORE_ITEMS): split the batch")
+    scorer = lookup(req.scorer, tuple(gw.settings.scorers))
+    checkpoint.check_sampling(req.sampling, gw.limits)
+    checkpoint.check_shared_size("options", req.options)
+    check_options(req.scorer, scorer, req.options)
+    answer = await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
+                               gw.identity.fingerprint_id)
+    failed = answer.fingerprint.errors
+    count = gw.metrics.score_items.labels
+    count(req.scorer, "ok").inc(len(answer.results) - failed)
+    count(req.scorer, "error").inc(failed)
+    return answer
+
+
+@router.post("/v1/score", response_model=ScoreResponse)
+async def score(request: Request, gw: GatewayDep) -> Response:
+    """Score a batch; results come back in input order, each with its fingerprint.
+
+    The body is a `ScoreRequest` (schema: `score_body.add_score_schema`), read in chunks."""
+    req = await read_score_request(request, gw.settings.max_score_items)
+    answer = await run_score(gw, req)
+    # pydantic-core serializes in one pass; FastAPI's response_model path would validate and
+    # encode every result again (seconds, on the event loop, for a batch of thousands).
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+@router.post("/classify")
+async def classify(
+    body: Annotated[dict[str, Any], Body()], gw: GatewayDep, pin: PinDep
+) -> JSONResponse:
+    """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
+    prepared = pooling_body(body, gw.settings.model_name)
+    forwarded = await forward(gw, "/classify", prepared, pin)
+    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))

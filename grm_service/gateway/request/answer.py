@@ -1,0 +1,118 @@
+"""A forwarded request's answer: the engine's payload and its fingerprint, as the API sends it.
+
+    stamps = Stamps()                                   # one per gateway
+    fields = fingerprint_fields(stamp, alone, raw, payload)
+    answer = Forwarded(payload, fields, stamp.json)
+    wrap(answer) -> dict     render(answer) -> bytes (the same dict as JSON)
+
+The fingerprint's fields are kept as a dict in `Fingerprint`'s field order: the hot path renders
+them without building (and dumping) the pydantic model; `Forwarded.fingerprint` builds it for the
+callers that want one. Most fields are fixed by the replica's identity and the seed (a `Stamp`,
+computed and rendered once per pair); only three change per answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.fingerprint import Fingerprint, parts_digest, response_digest
+
+# Byte for byte what starlette's JSONResponse renders (`json.dumps` with these options), built
+# once instead of per call. No circular-reference check: what is rendered is parsed JSON and
+# strings, which cannot contain a cycle (the check costs a lookup per container).
+RESPONSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None,
+                                 separators=(",", ":"), check_circular=False)
+# Seeds are the client's to choose: the stamp cache starts over past this many pairs.
+_STAMPS = 4096
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """The fingerprint fields one replica identity and one seed fix (`fields`), and the same
+    as JSON without its closing brace (`json`), for `render` to continue."""
+
+    fields: dict[str, Any]
+    json: str
+
+
+@dataclass
+class Stamps:
+    """(replica, seed) -> the stamp, rebuilt when the replica's identity object changes (a
+    re-admission): the fingerprint id is a digest, and rendering the fields is half the cost
+    of rendering an answer."""
+
+    _cache: dict[tuple[str, int], tuple[ReplicaIdentity, Stamp]] = field(default_factory=dict)
+
+    def get(self, replica: str, ident: ReplicaIdentity, seed: int) -> Stamp:
+        cached = self._cache.get((replica, seed))
+        if cached is not None and cached[0] is ident:
+            return cached[1]
+        if len(self._cache) >= _STAMPS:
+            self._cache.clear()
+        fields = {
+            "fingerprint_id": ident.fingerprint_id(seed),
+            "identity": "verified" if ident.verified else "unverified", "seed": seed,
+            "model_hash": ident.model_hash, "env_digest": ident.env_digest,
+            "engine": ident.engine, "engine_version": ident.engine_version,
+            "device": ident.device, "replica": replica,
+        }
+        stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1])
+        self._cache[(replica, seed)] = (ident, stamp)
+        return stamp
+
+
+def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryview],
+                       payload: dict[str, Any]) -> dict[str, Any]:
+    """`Fingerprint`'s fields, in its order, for the request `raw` (its canonical JSON, in
+    pieces) answered by `payload`."""
+    fields = dict(stamp.fields)
+    fields["serialized"] = alone
+    fields["request_digest"] = parts_digest(raw)
+    fields["response_digest"] = response_digest(payload)
+    return fields
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The replica's answer and its fingerprint as `fields`; `stamp_json` is the fields' fixed
+    part as JSON (`Stamp.json`; empty: render them all)."""
+
+    payload: dict[str, Any]
+    fields: dict[str, Any]
+    stamp_json: str = field(default="", repr=False)
+
+    @functools.cached_property
+    def fingerprint(self) -> Fingerprint:
+        # model_construct: every field was built by `fingerprint_fields` with its type.
+        return Fingerprint.model_construct(**self.fields)
+
+
+def wrap(forwarded: Forwarded) -> dict[str, Any]:
+    """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
+    payload = dict(forwarded.payload)
+    payload["system_fingerprint"] = forwarded.fields["fingerprint_id"]
+    payload["grm_fingerprint"] = dict(forwarded.fields)
+    return payload
+
+
+def render(forwarded: Forwarded) -> bytes:
+    """`wrap(forwarded)` as starlette's JSONResponse renders it, with the fingerprint's fixed
+    part spliced in as rendered once (`tests/unit/gateway/request/test_answer.py` holds it to the
+    bytes)."""
+    fields = forwarded.fields
+    if not forwarded.stamp_json or "grm_fingerprint" in forwarded.payload:
+        # An engine answer with a key of that name keeps it where it is: render the dict.
+        return RESPONSE_JSON.encode(wrap(forwarded)).encode()
+    payload = dict(forwarded.payload)
+    payload["system_fingerprint"] = fields["fingerprint_id"]
+    head = RESPONSE_JSON.encode(payload)  # never "{}": it has system_fingerprint
+    encode = RESPONSE_JSON.encode
+    tail = (f',"serialized":{"true" if fields["serialized"] else "false"}'
+            f',"request_digest":{encode(fields["request_digest"])}'
+            f',"response_digest":{encode(fields["response_digest"])}}}}}')
+    return f'{head[:-1]},"grm_fingerprint":{forwarded.stamp_json}{tail}'.encode()

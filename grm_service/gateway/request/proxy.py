@@ -1,0 +1,328 @@
+"""Forward one request: seed and max_tokens injection, routing, failover, fingerprint wrap."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Gauge
+
+from grm_service.canonical import canonical_json
+from grm_service.config import RoutingMode, SerializeMode, Settings
+from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.engines import Capabilities
+from grm_service.errors import (
+    BackendFailed,
+    BackendRejected,
+    Overloaded,
+    ServiceUnavailable,
+    StreamingUnsupported,
+    UnknownModel,
+    UnknownReplica,
+)
+from grm_service.fingerprint import Fingerprint, Identity
+from grm_service.gateway.request import checkpoint, longstrings, router
+from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
+from grm_service.gateway.request.audit import Auditor
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.metrics import Metrics
+from grm_service.replicas.identity import PENDING, capabilities_of, describe
+from grm_service.replicas.pool import Replica, ReplicaPool
+
+log = logging.getLogger(__name__)
+
+
+# The canonical JSON of a body, in pieces (`longstrings.canonical_parts`): hashed and sent as is.
+Body = list[bytes | memoryview]
+
+# Inline images above this many base64 characters are checked in a worker thread: below it the
+# check costs less than the thread hop.
+OFF_LOOP_IMAGE_CHARS = 1 << 20
+
+
+class _Retryable(Exception):
+    """A failure another replica may not have: connection error, timeout, 5xx.
+
+    `str()` is what a client may see (the replica's name and what went wrong); `detail` (with
+    addresses and library reprs) goes to the log only.
+    """
+
+    def __init__(self, reason: str, replica: str, summary: str, detail: str = "") -> None:
+        super().__init__(f"{replica}: {summary}")
+        self.reason = reason
+        self.detail = detail or summary
+
+
+@dataclass
+class Gateway:
+    """Everything a request needs, built once by the app's lifespan. `reference` and
+    `capabilities` follow the first admitted replica's own identity (`settle`)."""
+
+    settings: Settings
+    pool: ReplicaPool
+    client: Upstream
+    metrics: Metrics
+    auditor: Auditor | None = None
+    capabilities: Capabilities = PENDING
+    reference: ReplicaIdentity | None = None
+    draining: bool = False
+    queued: int = 0
+    limits: checkpoint.Limits = field(init=False)
+
+    # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
+    _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
+    stamps: Stamps = field(default_factory=Stamps, repr=False)
+
+    def __post_init__(self) -> None:
+        self.limits = checkpoint.Limits.from_settings(self.settings)
+
+    @property
+    def inflight(self) -> int:
+        return self.queued + sum(r.gate.inflight for r in self.pool.replicas)
+
+    @property
+    def identity(self) -> Identity:
+        return describe(self.settings, self.reference, self.capabilities, self.pool)
+
+    def settle(self, reference: ReplicaIdentity) -> None:
+        self.reference = reference
+        self.capabilities = capabilities_of(self.settings, reference)
+
+    def inflight_gauge(self, replica: str) -> Gauge:
+        gauge = self._gauges.get(replica)
+        if gauge is None:
+            gauge = self._gauges[replica] = self.metrics.inflight.labels(replica=replica)
+        return gauge
+
+
+def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The body the replica will see: client values kept, seed/max_tokens/model filled in."""
+    if body.get("stream"):
+        raise StreamingUnsupported(
+            "stream=true is not supported: a fingerprint covers the whole response; "
+            "send stream=false (or omit it)"
+        )
+    prepared = dict(body)
+    prepared.pop("stream", None)
+    model = prepared.setdefault("model", settings.model_name)
+    if model != settings.model_name:
+        raise UnknownModel(f"model {model!r} is not served here; use {settings.model_name!r}")
+    if prepared.get("seed") is None:
+        prepared["seed"] = settings.seed
+    if prepared.get("max_tokens") is None and prepared.get("max_completion_tokens") is None:
+        prepared["max_tokens"] = settings.max_tokens_default
+    return prepared
+
+
+def _truncates_sampling(body: dict[str, Any]) -> bool:
+    if body.get("temperature") == 0:
+        return False  # greedy: no nucleus edge to disagree on
+    # A missing top_p may still be set below 1 by the model's generation config.
+    top_p = body.get("top_p")
+    top_k = body.get("top_k")
+    return top_p is None or top_p < 1 or (top_k is not None and top_k > 0)
+
+
+# Pooling runs alone on a replica unless the engine profile declares it batch-invariant (an
+# engine version where that was measured) and the replica's pooling canary proved it.
+POOLING_PATHS = frozenset({"/classify", "/pooling"})
+
+
+def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> bool:
+    if mode is SerializeMode.ON:
+        return True
+    return not (caps.pooling_invariant and replica.pooling_batched)
+
+
+def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
+    if mode is not SerializeMode.AUTO:
+        return mode is SerializeMode.ON
+    if not caps.batch_invariant:
+        return True
+    return not caps.sampling_invariant and _truncates_sampling(body)
+
+
+def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
+    if pin is not None:
+        return _pinned(gw, pin)
+    now = time.monotonic()
+    up = gw.pool.ready()
+    # With every breaker open, trying a tripped replica beats refusing outright.
+    ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
+    if gw.settings.routing is RoutingMode.LEAST_LOADED:
+        names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
+    else:
+        names = router.rendezvous_order(key, list(ready))
+    return [ready[n] for n in names]
+
+
+def _pinned(gw: Gateway, pin: str) -> list[Replica]:
+    replica = gw.pool.by_name(pin)
+    if replica is None:
+        known = ", ".join(r.name for r in gw.pool.replicas)
+        raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
+                             f"replicas: {known}")
+    return [replica] if replica.ready else []
+
+
+async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
+    """Wait for a slot on the replica, within the queue's size and time bounds."""
+    settings = gw.settings
+    if gw.queued >= settings.max_queue:
+        raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
+    if replica.gate.try_acquire(alone, settings.max_inflight_per_replica):
+        return  # a free slot and nobody ahead: no queue entry, no timer
+    gw.queued += 1
+    try:
+        async with asyncio.timeout(settings.queue_timeout_s):
+            await replica.gate.acquire(alone, settings.max_inflight_per_replica)
+    except TimeoutError:
+        wait = settings.queue_timeout_s
+        raise Overloaded(f"no free slot within {wait:.0f} s: retry later", retry_after=1) from None
+    finally:
+        gw.queued -= 1
+    if not replica.ready:
+        # It went down while this request waited for its slot: fail over now.
+        await replica.gate.release(alone)
+        raise _Retryable("down", replica.name, "went down while the request waited")
+
+
+async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[int, bytes]:
+    gauge = gw.inflight_gauge(replica.name)
+    gauge.inc()
+    try:
+        return await gw.client.post(replica.url, path, *raw)
+    except TimeoutError as err:
+        raise _Retryable("timeout", replica.name, "timed out") from err
+    except OSError as err:  # refused, reset, closed early, not HTTP (ConnectionError is one)
+        raise _Retryable("connection", replica.name, "connection failed",
+                         f"{type(err).__name__} to {replica.url}: {err}") from err
+    finally:
+        gauge.dec()
+
+
+async def _attempt(
+    gw: Gateway, replica: Replica, path: str, raw: Body, alone: bool
+) -> dict[str, Any]:
+    await _admit(gw, replica, alone)
+    try:
+        response = await _post(gw, replica, path, raw)
+    finally:
+        await replica.gate.release(alone)
+    return _decode(replica, response)
+
+
+def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
+    status, content = response
+    if status >= 500:
+        raise _Retryable("status", replica.name, f"HTTP {status}")
+    try:
+        payload = json.loads(content)
+    except ValueError as err:
+        if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
+            text = content.decode(errors="replace")[:500]
+            raise BackendRejected(f"engine: {text}", status) from None
+        raise _Retryable("decode", replica.name, "response is not JSON") from err
+    if status >= 400:
+        raise BackendRejected(_engine_message(payload), status)
+    if not isinstance(payload, dict):
+        raise _Retryable("decode", replica.name, "response is not a JSON object")
+    return payload
+
+
+def _engine_message(payload: Any) -> str:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return f"engine: {error['message']}"
+    if isinstance(payload, dict) and payload.get("message"):
+        return f"engine: {payload['message']}"
+    return f"engine rejected the request: {json.dumps(payload)[:500]}"
+
+
+async def forward(
+    gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True,
+    lifted: longstrings.Lifted | None = None,
+) -> Forwarded:
+    """Check a prepared body, send it to its replica, fail over along the rendezvous order.
+    `lifted`: the body's long strings as the client sent them (`longstrings.loads`)."""
+    if gw.draining:
+        raise ServiceUnavailable("the service is shutting down", retry_after=5)
+    inline = await check(gw, path, body, lifted)
+    # Once: the routing key and the request digest share it. Inline images are long strings.
+    raw: Body = (longstrings.canonical_parts(body, lifted) if inline
+                 else [canonical_json(body)])
+    order = route(gw, router.key_of_parts(raw), pin)
+    if not order:
+        raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
+    caps, mode = gw.capabilities, gw.settings.serialize
+    pooling = path in POOLING_PATHS
+    alone = not pooling and must_run_alone(body, caps, mode)
+    errors = []
+    for replica in order[: gw.settings.max_attempts]:
+        serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
+        try:
+            payload = await _attempt(gw, replica, path, raw, serialized)
+        except _Retryable as err:
+            gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
+            log.warning("attempt failed, failing over: %s (%s)", err, err.detail)
+            errors.append(str(err))
+            _record(gw, replica, ok=False)
+            continue
+        _record(gw, replica, ok=True)
+        forwarded = _answer(gw, replica, body, raw, payload, serialized)
+        if audit and gw.auditor is not None and gw.auditor.draw():
+            _audit(gw, gw.auditor, path, body, replica, forwarded)
+        return forwarded
+    raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+
+
+def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any], replica: Replica,
+           forwarded: Forwarded) -> None:
+    # Only replicas claiming the same identity can be held to the same bits.
+    others = [r.name for r in gw.pool.ready()
+              if r.name != replica.name and r.identity == replica.identity]
+    other = auditor.choose(others)
+    if other is not None:
+        auditor.start(path, body, forwarded.fingerprint, other, functools.partial(_rerun, gw))
+
+
+async def check(gw: Gateway, path: str, body: dict[str, Any],
+                lifted: longstrings.Lifted | None = None) -> list[str]:
+    """`checkpoint.check_body`, with large inline images decoded off the event loop; returns
+    the inline images' data URLs."""
+    inline = checkpoint.scan(path, body, gw.limits)
+    if not inline:
+        return inline
+    if sum(len(url) for url in inline) > OFF_LOOP_IMAGE_CHARS:
+        await asyncio.to_thread(checkpoint.check_images, inline, gw.limits, lifted)
+    else:
+        checkpoint.check_images(inline, gw.limits, lifted)
+    return inline
+
+
+def _record(gw: Gateway, replica: Replica, ok: bool) -> None:
+    settings = gw.settings
+    opened = replica.record(ok, time.monotonic(), settings.breaker_failures,
+                            settings.breaker_cooldown_s)
+    if opened:
+        log.error("breaker open for %s after %d failures: no traffic for %.0f s", replica.name,
+                  replica.failures, settings.breaker_cooldown_s)
+
+
+async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fingerprint:
+    return (await forward(gw, path, body, pin, audit=False)).fingerprint
+
+
+def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
+            payload: dict[str, Any], alone: bool) -> Forwarded:
+    ident = replica.identity
+    assert ident is not None, "admission reads the identity before a replica is routed to"
+    # The checkpoint let through only an integer seed or none; none means the service seed.
+    seed = body.get("seed")
+    stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
+    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.json)

@@ -1,0 +1,63 @@
+"""Request keys and replica choice: pure functions of (key, healthy replicas).
+
+The key is crc32 of the canonical request body. Replicas are ranked by rendezvous (highest random
+weight) hashing, so when a replica leaves only the keys it owned move, and when it comes back they
+return to it. crc32 alone is linear over GF(2), which makes `crc32(key + name)` a poor weight; the
+weight is a 64-bit mix of the key and a per-replica salt instead.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from grm_service.canonical import canonical_json
+
+_MASK64 = (1 << 64) - 1
+
+
+def key_of(canonical: bytes) -> int:
+    return zlib.crc32(canonical)
+
+
+def key_of_parts(parts: Iterable[bytes | memoryview]) -> int:
+    """`key_of` the concatenation of `parts`, without building it."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return crc
+
+
+def request_key(body: Mapping[str, Any]) -> int:
+    return key_of(canonical_json(body))
+
+
+def _mix64(x: int) -> int:
+    """splitmix64 finaliser: spreads every input bit over the whole word."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def weight(key: int, replica: str) -> int:
+    salt = zlib.crc32(replica.encode())
+    return _mix64((key << 32) ^ salt)
+
+
+def rendezvous_order(key: int, replicas: Sequence[str]) -> list[str]:
+    """All replicas, best first; failover walks this list in order."""
+    return sorted(replicas, key=lambda name: (weight(key, name), name), reverse=True)
+
+
+def pick(key: int, replicas: Sequence[str]) -> str | None:
+    order = rendezvous_order(key, replicas)
+    return order[0] if order else None
+
+
+def least_loaded_order(
+    key: int, replicas: Sequence[str], inflight: Callable[[str], int]
+) -> list[str]:
+    """Fewest in-flight first; equal loads are broken by the rendezvous weight of the key."""
+    return sorted(replicas, key=lambda name: (inflight(name), -weight(key, name), name))

@@ -1,0 +1,7 @@
+"""HTTP header names that clients and the gateway share (a client tool imports this, never the
+server)."""
+
+from __future__ import annotations
+
+# Routing override for checks that must reach one replica (e.g. `verify`).
+PIN_HEADER = "x-grm-pin-replica"

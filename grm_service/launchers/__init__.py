@@ -1,1 +1,0 @@
-"""Ways to place replicas other than child processes of the gateway (see supervisor.py)."""

@@ -1,0 +1,108 @@
+"""Pooling canary: a replica may co-batch `/classify` and `/pooling` requests only once it showed
+that doing so changes no bit.
+
+Runs only where the profile of the engine the replica reports running declares pooling
+batch-invariant (`Capabilities.pooling_invariant`: a GPU vLLM release measured so, with
+`VLLM_BATCH_INVARIANT=1` in its environment); elsewhere (unverified replicas included) pooling
+stays one request at a time and nothing is probed. The probe texts are classified one at
+a time, then all at once among filler requests of other lengths; the outputs (`data`, compared as
+canonical JSON, so every float bit counts) must agree with each other and with those of the first
+admitted replica of the same identity. A replica that disagrees with that reference even alone
+computes something else and is refused; one that only changes when co-batched keeps pooling
+serialized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from grm_service.config import SerializeMode, Settings
+from grm_service.fingerprint import response_digest
+from grm_service.metrics import Metrics
+from grm_service.replicas.identity import capabilities_of
+from grm_service.replicas.pool import Replica
+
+log = logging.getLogger(__name__)
+
+_CLASSIFY = "/classify"
+# The replica serves no pooling model: a generative model answers these.
+_NOT_POOLING = (400, 404, 405, 501)
+
+
+def _texts(n: int, tag: str) -> list[str]:
+    """Distinct texts of different lengths, so the co-batched run mixes shapes."""
+    return [f"{tag} {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(5 + 23 * i))
+            for i in range(n)]
+
+
+class NotPooling(Exception):
+    """The replica does not serve `/classify`."""
+
+
+class PoolingCanary:
+    """An admission check: `await check(replica, client)` -> problem text or None."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        n = settings.canary_probes
+        self.probes = [self._body(t) for t in _texts(n, "probe")]
+        self.filler = [self._body(t) for t in _texts(2 * n, "filler")]
+        self.references: dict[str, list[str]] = {}  # identity's fingerprint id -> outputs
+        self._lock = asyncio.Lock()
+
+    def _claimed(self, replica: Replica) -> bool:
+        if self.settings.serialize is SerializeMode.ON or replica.identity is None:
+            return False
+        return capabilities_of(self.settings, replica.identity).pooling_invariant
+
+    def _body(self, text: str) -> dict[str, Any]:
+        return {"model": self.settings.model_name, "input": text}
+
+    async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str:
+        r = await client.post(url + _CLASSIFY, json=body, timeout=self.settings.request_timeout_s)
+        if r.status_code in _NOT_POOLING and body is self.probes[0]:
+            raise NotPooling(f"HTTP {r.status_code}")
+        r.raise_for_status()
+        return response_digest(r.json())
+
+    async def __call__(self, replica: Replica, client: httpx.AsyncClient) -> str | None:
+        replica.pooling_batched = False  # a restarted replica proves itself again
+        if not self._claimed(replica):
+            return None
+        async with self._lock:  # one at a time: the reference must be settled first
+            try:
+                alone = [await self._send(client, replica.url, b) for b in self.probes]
+                mixed = await asyncio.gather(
+                    *(self._send(client, replica.url, b) for b in self.probes + self.filler))
+            except NotPooling:
+                return None
+            except httpx.HTTPError as err:
+                return f"pooling canary probe failed: {err!r}"
+            return self._judge(replica, alone, list(mixed[: len(alone)]))
+
+    def _judge(self, replica: Replica, alone: list[str], batched: list[str]) -> str | None:
+        assert replica.identity is not None, "only claimed (identified) replicas are probed"
+        key = replica.identity.fingerprint_id(self.settings.seed)
+        reference = self.references.setdefault(key, alone)
+        if alone != reference:
+            n = sum(a != r for a, r in zip(alone, reference, strict=True))
+            self.metrics.violations.labels(source="canary").inc()
+            problem = (f"{n}/{len(alone)} pooling probe outputs differ from the first admitted "
+                       "replica's (alone): different numerics (dtype, model, engine?)")
+            log.error("pooling canary: %s %s; refusing it", replica.name, problem)
+            return f"pooling canary failed: {problem}"
+        if batched != alone:
+            n = sum(a != b for a, b in zip(alone, batched, strict=True))
+            self.metrics.violations.labels(source="canary").inc()
+            log.error("pooling canary: %d/%d outputs of %s change when co-batched; its pooling "
+                      "requests stay one at a time", n, len(alone), replica.name)
+            return None
+        replica.pooling_batched = True
+        log.info("pooling canary passed for %s (%d probes alone and co-batched): pooling "
+                 "requests share batches", replica.name, len(alone))
+        return None

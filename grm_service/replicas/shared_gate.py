@@ -1,0 +1,233 @@
+"""A replica's gate shared by the gateway's worker processes (`--workers N`).
+
+Same verbs and meaning as `replicas.Gate`, across processes: requests that may share a batch hold
+the replica together, a request that must run alone excludes every other one on that replica
+from every worker, and a waiting exclusive request holds new shared ones back in every worker.
+
+Three parts:
+- in the process, a plain `Gate` orders this worker's own requests (its writer preference);
+- `max_inflight_per_replica` holds for the sum over workers: each worker counts its shared
+  holders per replica in its own slot of a shared memory map (it is the slot's only writer), and
+  takes a slot only if the sum is below the bound, under a per-replica record lock so two workers
+  cannot both take the last one. A fixed split of the bound between workers was measured first:
+  connections do not spread evenly over the workers, so a busy worker queued requests at its
+  share while the replica had room (256 OCR requests on an H200 with 4 workers: 0.62x direct);
+- across processes, POSIX record locks on bytes of one file per run. The *hold* byte is
+  read-locked by a process while it has one or more shared holders (counted here: a process
+  holds one lock, not one per request) and write-locked by an exclusive holder. The *intent*
+  byte is write-locked by a process waiting for exclusive; a reader takes it shared for a moment
+  before its read lock, so no new reader gets in while a writer waits.
+
+Why record locks: the kernel drops every lock of a process that dies, so a crashed worker cannot
+wedge a replica, and no lock server is needed. Locks are only ever tried without blocking and
+polled with a short sleep, so a waiting request stays cancellable by the queue timeout and never
+blocks the event loop. Two rules keep POSIX semantics from biting: a process never asks for the
+hold byte in a mode other than the one it holds (the local gate sees to that: a second request
+would *convert* the process's lock), and the file is opened once per process and kept open
+(closing any descriptor of it drops all of the process's locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import mmap
+import os
+from pathlib import Path
+
+from grm_service.replicas.pool import Gate
+
+_POLL_FIRST_S = 0.0005
+_POLL_MAX_S = 0.005
+_UNBOUNDED = 1 << 30
+# Replica slots in the count map (a sparse file: only the pages used take memory).
+MAX_REPLICAS = 4096
+_BYTES_PER_REPLICA = 3  # lock bytes: hold, intent, count
+
+
+class Counts:
+    """Shared holders per (replica, worker), in a memory map every worker opens: a worker writes
+    only its own slots, and zeroes them when it starts (a dead worker's counts go with it when
+    it is started again)."""
+
+    def __init__(self, path: Path, worker: int, workers: int) -> None:
+        self.worker, self.workers = worker, workers
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = MAX_REPLICAS * workers * 8
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._slots = memoryview(self._map).cast("q")
+        for replica in range(MAX_REPLICAS):
+            self._slots[replica * workers + worker] = 0
+
+    def total(self, replica: int) -> int:
+        base = replica * self.workers
+        return sum(self._slots[base:base + self.workers])
+
+    def add(self, replica: int, delta: int) -> None:
+        self._slots[replica * self.workers + self.worker] += delta
+
+    def close(self) -> None:
+        self._slots.release()
+        self._map.close()
+
+
+class GateFile:
+    """The run's lock file, opened once by each worker process; one `SharedGate` per replica."""
+
+    def __init__(self, path: Path, worker: int, workers: int) -> None:
+        self.path = path
+        self.worker = worker
+        self.workers = workers
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._counts = Counts(path.with_name(path.name + ".counts"), worker, workers)
+
+    def gate(self, index: int) -> SharedGate:
+        """The gate of the replica at `index` in the replica list (the same list everywhere)."""
+        if not 0 <= index < MAX_REPLICAS:
+            raise ValueError(f"at most {MAX_REPLICAS} replicas share gates across workers")
+        return SharedGate(self._fd, index, self._counts)
+
+    def close(self) -> None:
+        self._counts.close()
+        os.close(self._fd)
+
+
+class SharedGate(Gate):
+    """`Gate`'s interface (a subclass, so a `Replica` takes it as its gate), built around a local
+    `Gate` rather than on its state; `inflight` counts this worker's holders only."""
+
+    def __init__(self, fd: int, index: int, counts: Counts) -> None:
+        super().__init__()
+        self._local = Gate()
+        self._fd = fd
+        self._index = index
+        self._hold = _BYTES_PER_REPLICA * index
+        self._intent = self._hold + 1
+        self._count_lock = self._hold + 2
+        self._counts = counts
+        self._readers = 0  # this process's shared holders that hold the read lock
+        self._polling = asyncio.Lock()  # one task per process polls for the read lock
+
+    @property
+    def inflight(self) -> int:
+        return self._local.inflight
+
+    def try_acquire(self, exclusive: bool, capacity: int = _UNBOUNDED) -> bool:
+        # Only one case needs no lock call that could fail after the local slot is taken: this
+        # process already holds the read lock and no writer waits anywhere.
+        if exclusive or not self._readers or self._writer_waiting():
+            return False
+        if not self._take_count(capacity):
+            return False
+        if not self._local.try_acquire(False, capacity):
+            self._counts.add(self._index, -1)
+            return False
+        self._readers += 1
+        return True
+
+    async def acquire(self, exclusive: bool, capacity: int = _UNBOUNDED) -> None:
+        await self._local.acquire(exclusive, capacity)
+        try:
+            if exclusive:
+                await self._lock_exclusive()
+            else:
+                await self._lock_shared()
+        except BaseException:  # the queue timeout cancelled the wait: give the local slot back
+            await self._local.release(exclusive)
+            raise
+        if exclusive:
+            return
+        try:
+            await self._count_in(capacity)
+        except BaseException:
+            await self.release(False, counted=False)
+            raise
+
+    async def release(self, exclusive: bool, counted: bool = True) -> None:
+        if not exclusive:
+            if counted:
+                self._counts.add(self._index, -1)
+            self._readers -= 1
+        if exclusive or not self._readers:
+            self._unlock(self._hold)
+        await self._local.release(exclusive)
+
+    async def _count_in(self, capacity: int) -> None:
+        delay = _POLL_FIRST_S
+        while not self._take_count(capacity):
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX_S)
+
+    def _take_count(self, capacity: int) -> bool:
+        """One of the replica's `capacity` shared slots, counted over every worker."""
+        if capacity >= _UNBOUNDED:
+            self._counts.add(self._index, 1)
+            return True
+        # Held for a few instructions by whoever has it: blocking is shorter than polling.
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
+        try:
+            if self._counts.total(self._index) >= capacity:
+                return False
+            self._counts.add(self._index, 1)
+            return True
+        finally:
+            self._unlock(self._count_lock)
+
+    async def _lock_shared(self) -> None:
+        async with self._polling:
+            delay = _POLL_FIRST_S
+            while not self._try_shared():
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, _POLL_MAX_S)
+
+    def _try_shared(self) -> bool:
+        if self._readers:
+            if self._writer_waiting():
+                return False
+            self._readers += 1
+            return True
+        if not self._lock(self._intent, exclusive=False):
+            return False
+        try:
+            held = self._lock(self._hold, exclusive=False)
+        finally:
+            self._unlock(self._intent)
+        if held:
+            self._readers = 1
+        return held
+
+    async def _lock_exclusive(self) -> None:
+        # The local gate lets one exclusive request of this process at a time get here.
+        delay = _POLL_FIRST_S
+        while not self._lock(self._intent, exclusive=True):
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX_S)
+        try:
+            delay = _POLL_FIRST_S
+            while not self._lock(self._hold, exclusive=True):
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, _POLL_MAX_S)
+        finally:
+            self._unlock(self._intent)
+
+    def _writer_waiting(self) -> bool:
+        if not self._lock(self._intent, exclusive=False):
+            return True
+        self._unlock(self._intent)
+        return False
+
+    def _lock(self, byte: int, exclusive: bool) -> bool:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.lockf(self._fd, mode | fcntl.LOCK_NB, 1, byte, os.SEEK_SET)
+        except OSError:  # EACCES or EAGAIN: another process holds it in a conflicting mode
+            return False
+        return True
+
+    def _unlock(self, byte: int) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, byte, os.SEEK_SET)

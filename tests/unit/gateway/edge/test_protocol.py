@@ -1,0 +1,279 @@
+"""The hot HTTP protocol on a mock asyncio transport: raw request bytes in through
+`data_received`, the bytes written to the transport read back.
+
+The `HotPath` in front is real (key, content type and size checks), with `serve` answering a
+canned reply so each test sets what the hot exchange gets; the app behind it echoes what reached
+it, so a request the exchange leaves to uvicorn shows up there, body included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
+
+from grm_service.config import Settings
+from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply, _Request
+from grm_service.gateway.edge.protocol import HotHttpProtocol, hot_protocol
+from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.metrics import Metrics
+from grm_service.replicas.pool import ReplicaPool
+
+DEFAULTS = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+OK: Reply = (200, [(b"content-length", b"11"), (b"content-type", b"application/json")],
+             b'{"ok":true}')
+HEAD_OF_OK = (b"HTTP/1.1 200 OK\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+              b"content-length: 11\r\ncontent-type: application/json\r\n")
+
+
+class Wire:
+    """The asyncio transport side of one connection: what the protocol writes, and whether it
+    closed the connection."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
+            name, default)
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.writes)
+
+
+class Canned(HotPath):
+    """The real admission; `serve` records the body and answers `reply` (None: FastAPI's)."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        gw = Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
+                     metrics=Metrics())
+        super().__init__(app, settings, lambda: SimpleNamespace(gateway=gw))
+        self.reply: Reply | Exception | None = OK
+        self.served: list[tuple[str, bytes]] = []
+        self.hold: asyncio.Event | None = None
+
+    async def serve(self, path: str, gw: Gateway, head: _Request, raw: bytes) -> Reply | None:
+        self.served.append((path, raw))
+        if self.hold is not None:
+            await self.hold.wait()
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+
+class Echo:
+    """The app behind the hot path: answers what reached it as JSON."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, bytes]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.seen.append((scope["method"], scope["path"], body))
+        payload = json.dumps({"path": scope["path"], "body": body.decode()}).encode()
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+class Connection:
+    def __init__(self, hot: Canned, echo: Echo, access_log: bool = False) -> None:
+        self.hot, self.echo, self.wire = hot, echo, Wire()
+        self.state = ServerState()
+        self.state.default_headers = list(DEFAULTS)
+        # As run_server builds it: no proxy-headers middleware around the app, no logging setup.
+        config = uvicorn.Config(hot, proxy_headers=False, log_config=None, lifespan="off")
+        self.proto = hot_protocol(1000)(config, self.state, {}, asyncio.get_running_loop())
+        # uvicorn derives this from the access logger's handlers (pytest's capture adds some):
+        # set as `serve` runs it, without an access log.
+        self.proto.access_log = access_log
+        self.proto.connection_made(self.wire)  # type: ignore[arg-type]
+
+    async def send(self, *parts: bytes) -> bytes:
+        """Feed the parts, wait for every task they started, return what was written."""
+        before = len(self.wire.writes)
+        for part in parts:
+            self.proto.data_received(part)
+        await self.settled()
+        return b"".join(self.wire.writes[before:])
+
+    async def settled(self) -> None:
+        for _ in range(100):
+            if not self.state.tasks:
+                return
+            await asyncio.gather(*list(self.state.tasks))
+        raise AssertionError("tasks keep starting")
+
+    def close(self) -> None:
+        if not self.wire.closed:
+            self.proto.connection_lost(None)
+
+
+@pytest.fixture
+async def conn() -> Any:
+    settings = Settings(model="m", served_model_name="rm")
+    echo = Echo()
+    connection = Connection(Canned(echo, settings), echo)
+    yield connection
+    connection.close()
+
+
+def post(path: str, body: bytes, *headers: str, version: str = "1.1",
+         content_type: str = "application/json") -> bytes:
+    lines = [f"POST {path} HTTP/{version}", "host: gw", f"content-type: {content_type}",
+             f"content-length: {len(body)}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def test_a_hot_request_is_answered_in_one_write_and_the_connection_kept(
+    conn: Connection,
+) -> None:
+    request = post(CHAT, b'{"messages": [1]}')
+    written = await conn.send(request[:30], request[30:-5], request[-5:])
+    assert conn.wire.writes == [HEAD_OF_OK + b"\r\n" + b'{"ok":true}']
+    assert written == conn.wire.writes[0]
+    assert conn.hot.served == [(CHAT, b'{"messages": [1]}')]
+    assert conn.echo.seen == [] and not conn.wire.closed
+    assert conn.state.total_requests == 1
+    again = await conn.send(post(CLASSIFY, b"{}"))
+    assert again == HEAD_OF_OK + b"\r\n" + b'{"ok":true}'
+    assert conn.hot.served[-1] == (CLASSIFY, b"{}")
+
+
+@pytest.mark.parametrize(("version", "header"), [("1.0", None), ("1.1", "connection: close")])
+async def test_a_client_that_asks_for_close_gets_it(conn: Connection, version: str,
+                                                    header: str | None) -> None:
+    written = await conn.send(post(CHAT, b"{}", *([header] if header else []), version=version))
+    assert written == HEAD_OF_OK + b"connection: close\r\n\r\n" + b'{"ok":true}'
+    assert conn.wire.closed
+
+
+async def test_a_body_the_hot_path_leaves_goes_to_the_app_whole(conn: Connection) -> None:
+    conn.hot.reply = None
+    request = post(CHAT + "?x=1", b'{"messages": "not a list"}')
+    written = await conn.send(request[:-10], request[-10:])
+    assert conn.echo.seen == [("POST", CHAT, b'{"messages": "not a list"}')]
+    assert written.startswith(b"HTTP/1.1 201 Created\r\n")
+    assert written.endswith(json.dumps({"path": CHAT, "body": '{"messages": "not a list"}'})
+                            .encode())
+    assert not conn.wire.closed and conn.state.total_requests == 1
+    conn.hot.reply = OK
+    assert (await conn.send(post(CHAT, b"{}"))).endswith(b'{"ok":true}'), "connection reusable"
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("boom"),
+    None,  # a reply whose header value holds a CRLF: refused rather than split
+])
+async def test_a_failing_exchange_is_a_500_and_a_closed_connection(
+    conn: Connection, failure: Exception | None, caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn.hot.reply = failure or (200, [(b"x-a", b"1\r\nset-cookie: evil")], b"{}")
+    written = await conn.send(post(CHAT, b"{}"))
+    assert written == (b"HTTP/1.1 500 Internal Server Error\r\ndate: Thu, 01 Jan 2026 00:00:00 "
+                       b"GMT\r\nserver: uvicorn\r\ncontent-length: 21\r\nconnection: close\r\n"
+                       b"\r\nInternal Server Error")
+    assert b"evil" not in written and conn.wire.closed
+    assert "exception in the hot path" in caplog.text
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n\r\n",
+    post("/v1/score", b"{}"),
+    post(CHAT, b"{}", content_type="text/plain"),  # HotPath.admit refuses it
+])
+async def test_requests_for_the_app_reach_it_through_uvicorn(
+    conn: Connection, request_bytes: bytes
+) -> None:
+    written = await conn.send(request_bytes)
+    assert conn.hot.served == []
+    ((method, path, body),) = conn.echo.seen
+    assert request_bytes.startswith(f"{method} {path} ".encode()) and request_bytes.endswith(body)
+    assert written.startswith(b"HTTP/1.1 201 Created\r\n")
+
+
+@pytest.mark.parametrize(("request_bytes", "body"), [
+    (post(CHAT, b"[" * 1001), b"[" * 1001),  # declared over the protocol's body limit
+    (post(CHAT, b"{}", "expect: 100-continue"), b"{}"),
+    (b"POST /classify HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+     b"transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", b"{}"),
+])
+async def test_hot_requests_the_exchange_leaves_are_served_through_asgi(
+    conn: Connection, request_bytes: bytes, body: bytes
+) -> None:
+    written = await conn.send(request_bytes)
+    assert [raw for _, raw in conn.hot.served] == [body]
+    # uvicorn's cycle writes the head, then the body: not the exchange's one write.
+    *_, head, tail = conn.wire.writes
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and tail == b'{"ok":true}'
+    if b"expect" in request_bytes:
+        assert written.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert conn.echo.seen == []
+
+
+async def test_with_an_access_log_the_exchange_steps_aside() -> None:
+    settings = Settings(model="m")
+    echo = Echo()
+    connection = Connection(Canned(echo, settings), echo, access_log=True)
+    try:
+        written = await connection.send(post(CHAT, b"{}"))
+    finally:
+        connection.close()
+    # HotPath still serves it, through ASGI (two writes: head, then body).
+    assert connection.hot.served == [(CHAT, b"{}")] and len(connection.wire.writes) == 2
+    assert written.startswith(b"HTTP/1.1 200 OK\r\n") and written.endswith(b'{"ok":true}')
+
+
+async def test_pipelined_requests_are_answered_in_order(conn: Connection) -> None:
+    written = await conn.send(post(CHAT, b'{"n": 1}') + post(CHAT, b'{"n": 2}'))
+    assert conn.hot.served == [(CHAT, b'{"n": 1}'), (CHAT, b'{"n": 2}')]
+    assert written.count(b"HTTP/1.1 200 OK\r\n") == 2 and written.endswith(b'{"ok":true}')
+    assert conn.wire.writes[0] == HEAD_OF_OK + b"\r\n" + b'{"ok":true}'
+    assert conn.state.total_requests == 2
+
+
+async def test_a_client_gone_before_the_answer_gets_nothing_written(conn: Connection) -> None:
+    conn.hot.hold = asyncio.Event()
+    conn.proto.data_received(post(CHAT, b"{}"))
+    await asyncio.sleep(0)
+    assert conn.hot.served == [(CHAT, b"{}")]
+    conn.proto.connection_lost(None)
+    conn.hot.hold.set()
+    await conn.settled()
+    assert conn.wire.writes == []
+
+
+def test_hot_protocol_sets_the_body_limit_on_a_subclass() -> None:
+    cls = hot_protocol(4096)
+    assert issubclass(cls, HotHttpProtocol) and cls.body_limit == 4096
+    assert HotHttpProtocol.body_limit == 0

@@ -1,0 +1,80 @@
+"""The answer as the API sends it: the fingerprint fields kept as a dict, rendered with a
+pre-rendered fixed part, must give exactly the bytes of the pydantic `Fingerprint` route
+(`Fingerprint(...).model_dump()` in the payload, starlette's JSONResponse)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.responses import JSONResponse
+
+from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.fingerprint import Fingerprint, digest, fingerprint_headers, response_digest
+from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields, render, wrap
+
+RAW = b'{"messages":[{"content":"hi","role":"user"}],"model":"rm","seed":7}'
+
+
+def identity(**changes: Any) -> ReplicaIdentity:
+    values: dict[str, Any] = {
+        "verified": True, "served_model": "rm", "engine": "vllm", "engine_version": "0.25.0",
+        "model_hash": "blake3:" + "ab" * 16, "env_digest": "cd" * 8,
+        "device": "NVIDIA H200 / driver 570 — ünïcode", "tensor_parallel_size": 1,
+        "env_inputs": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+    }
+    return ReplicaIdentity(**{**values, **changes})
+
+
+PAYLOADS: list[dict[str, Any]] = [
+    {"id": "c1", "choices": [{"index": 0, "message": {"role": "assistant", "content": "yes"},
+                              "logprobs": None}], "usage": {"total_tokens": 3}},
+    # vLLM sends system_fingerprint: null; the id replaces it where it stands.
+    {"id": "c2", "system_fingerprint": None, "created": 1.5,
+     "choices": [{"index": 0, "message": {"content": "naïve — 日本 \"q\" \\\\ \n"}}]},
+    # An engine key named like ours keeps its place: the dict is rendered as a whole.
+    {"grm_fingerprint": "engine's", "choices": []},
+    {"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]},
+]
+
+
+def pydantic_route(payload: dict[str, Any], fp: Fingerprint) -> bytes:
+    """The answer as the FastAPI route rendered it with the model."""
+    wrapped = dict(payload)
+    wrapped["system_fingerprint"] = fp.fingerprint_id
+    wrapped["grm_fingerprint"] = fp.model_dump()
+    return bytes(JSONResponse(wrapped).body)
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+@pytest.mark.parametrize("alone", [False, True])
+@pytest.mark.parametrize("ident", [identity(), identity(verified=False, model_hash=None,
+                                                         env_digest=None, device=None)])
+def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], alone: bool,
+                                                      ident: ReplicaIdentity) -> None:
+    stamp = Stamps().get("replica-0", ident, 7)
+    fields = fingerprint_fields(stamp, alone, [RAW], payload)
+    answer = Forwarded(payload, fields, stamp.json)
+    model = Fingerprint(
+        fingerprint_id=ident.fingerprint_id(7), identity="verified" if ident.verified
+        else "unverified", seed=7, model_hash=ident.model_hash, env_digest=ident.env_digest,
+        engine=ident.engine, engine_version=ident.engine_version, device=ident.device,
+        replica="replica-0", serialized=alone, request_digest=digest(RAW),
+        response_digest=response_digest(payload))
+    assert list(fields) == list(Fingerprint.model_fields)
+    assert fields == model.model_dump()
+    assert render(answer) == pydantic_route(payload, model)
+    assert render(Forwarded(payload, fields)) == render(answer)  # no stamp: the whole dict
+    assert bytes(JSONResponse(wrap(answer)).body) == render(answer)
+    assert answer.fingerprint == model
+    assert fingerprint_headers(fields) == model.headers()
+
+
+def test_stamps_follow_the_replicas_identity_object() -> None:
+    stamps, first, second = Stamps(), identity(), identity(engine_version="0.26.0")
+    stamp = stamps.get("r0", first, 1)
+    assert stamps.get("r0", first, 1) is stamp
+    assert stamps.get("r0", first, 2) is not stamp
+    renewed = stamps.get("r0", second, 1)  # re-admitted with another identity
+    assert renewed.fields["engine_version"] == "0.26.0"
+    assert renewed.fields["fingerprint_id"] == second.fingerprint_id(1)

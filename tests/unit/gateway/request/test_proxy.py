@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from grm_service.config import SerializeMode, Settings
+from grm_service.engines import Capabilities
+from grm_service.errors import StreamingUnsupported, UnknownModel
+from grm_service.gateway.request import proxy
+from grm_service.gateway.request.proxy import must_run_alone, prepare
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.metrics import Metrics
+from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
+
+SETTINGS = Settings(model="/models/m", served_model_name="rm", seed=7, max_tokens_default=99)
+
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def test_prepare_injects_seed_max_tokens_and_model() -> None:
+    body = prepare({"messages": MSGS}, SETTINGS)
+    assert body == {"messages": MSGS, "seed": 7, "max_tokens": 99, "model": "rm"}
+
+
+def test_prepare_keeps_client_values() -> None:
+    given = {"messages": MSGS, "seed": 0, "max_tokens": 5, "model": "rm", "top_p": 0.8}
+    assert prepare(given, SETTINGS) == given
+    assert "max_tokens" not in prepare({"messages": MSGS, "max_completion_tokens": 3}, SETTINGS)
+
+
+def test_prepare_refuses_streaming_and_unknown_models() -> None:
+    with pytest.raises(StreamingUnsupported, match="stream=false"):
+        prepare({"messages": MSGS, "stream": True}, SETTINGS)
+    with pytest.raises(UnknownModel, match="'rm'"):
+        prepare({"messages": MSGS, "model": "other"}, SETTINGS)
+    assert "stream" not in prepare({"messages": MSGS, "stream": False}, SETTINGS)
+
+
+BI = Capabilities(batch_invariant=True, sampling_invariant=True, note="")
+
+
+BI_NO_TOPP = Capabilities(batch_invariant=True, sampling_invariant=False, note="")
+
+
+NO_BI = Capabilities(batch_invariant=False, sampling_invariant=False, note="")
+
+
+@pytest.mark.parametrize(
+    ("body", "caps", "mode", "alone"),
+    [
+        ({"top_p": 0.8}, BI, SerializeMode.AUTO, False),
+        ({"top_p": 0.8}, BI_NO_TOPP, SerializeMode.AUTO, True),
+        ({"top_p": 1.0}, BI_NO_TOPP, SerializeMode.AUTO, False),
+        ({}, BI_NO_TOPP, SerializeMode.AUTO, True),  # generation config may set top_p
+        ({"temperature": 0}, BI_NO_TOPP, SerializeMode.AUTO, False),
+        ({"top_p": 1.0, "top_k": 20}, BI_NO_TOPP, SerializeMode.AUTO, True),
+        ({"temperature": 0}, NO_BI, SerializeMode.AUTO, True),
+        ({"temperature": 0}, BI, SerializeMode.ON, True),
+        ({"top_p": 0.5}, NO_BI, SerializeMode.OFF, False),
+    ],
+)
+def test_must_run_alone(body: dict, caps: Capabilities, mode: SerializeMode, alone: bool) -> None:
+    assert must_run_alone(body, caps, mode) is alone
+
+
+def test_route_skips_open_breakers_unless_all_are_open() -> None:
+    import time
+
+    from grm_service.gateway.request.proxy import Gateway, route
+    from grm_service.gateway.request.upstream import Upstream
+    from grm_service.metrics import Metrics
+    from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
+
+    pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
+    gw = Gateway(settings=SETTINGS, capabilities=BI, pool=pool, client=Upstream(1.0),
+                 metrics=Metrics())
+    pool.replicas[0].open_until = time.monotonic() + 60
+    assert [r.name for r in route(gw, 123)] == ["r1"]
+    assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
+    pool.replicas[1].open_until = time.monotonic() + 60
+    assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
+
+
+# A request that waited for a slot on a replica which went down meanwhile fails over instead
+# of being sent.
+async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> None:
+    replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
+    gw = proxy.Gateway(settings=Settings(model="/models/m", queue_timeout_s=5),
+                       pool=ReplicaPool([replica]), client=Upstream(5.0), metrics=Metrics())
+    await proxy._admit(gw, replica, alone=True)  # the request in flight holds the slot
+    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    replica.state = ReplicaState.DOWN  # the keeper saw it die
+    await replica.gate.release(True)  # the request in flight failed
+    with pytest.raises(proxy._Retryable, match="went down while the request waited"):
+        await waiting
+    assert replica.gate.inflight == 0 and gw.queued == 0

@@ -1,0 +1,96 @@
+"""uvicorn with a drain phase, serving on 127.0.0.1 port 0 in this process: the first signal
+stops admitting work and waits (bounded) for in-flight requests; a second skips the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from grm_service.config import Settings
+from grm_service.gateway.edge.hotpath import HotPath
+from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.gateway.serve import DrainingServer
+from grm_service.metrics import Metrics
+from grm_service.replicas.pool import ReplicaPool
+
+SETTINGS = Settings(model="m")
+
+
+def gateway_app() -> tuple[HotPath, Gateway]:
+    """The app as create_app shapes it (HotPath around FastAPI, the gateway in its state)."""
+    app = FastAPI()
+    gw = Gateway(settings=SETTINGS, pool=ReplicaPool([]), client=Upstream(1.0),
+                 metrics=Metrics())
+    app.state.gateway = gw
+
+    @app.get("/health")
+    async def health() -> dict[str, bool]:
+        return {"draining": gw.draining}
+
+    return HotPath(app, SETTINGS, lambda: app.state), gw
+
+
+def server_for(app: object, drain_timeout_s: float) -> DrainingServer:
+    # proxy_headers (uvicorn's default) wraps the app once more: the gateway is found below it.
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_config=None)
+    return DrainingServer(config, drain_timeout_s)
+
+
+async def started(server: DrainingServer) -> asyncio.Task[None]:
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10):
+        while not server.started:
+            await asyncio.sleep(0.01)
+    return task
+
+
+async def test_a_signal_drains_in_flight_work_before_the_server_exits() -> None:
+    app, gw = gateway_app()
+    server = server_for(app, drain_timeout_s=30)
+    task = await started(server)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    gw.queued = 1  # a request in flight
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.sleep(0.35)  # several of uvicorn's ticks
+    assert gw.draining and not server.should_exit and not task.done()
+    async with httpx.AsyncClient() as client:
+        r = await client.get(f"http://127.0.0.1:{port}/health")
+    assert r.json() == {"draining": True}, "still serving while draining"
+    gw.queued = 0
+    await asyncio.wait_for(task, 10)
+    assert server.should_exit
+
+
+async def test_the_drain_is_bounded() -> None:
+    app, gw = gateway_app()
+    server = server_for(app, drain_timeout_s=0.2)
+    task = await started(server)
+    gw.queued = 1  # never finishes
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.wait_for(task, 10)
+    assert gw.draining and server.should_exit
+
+
+def test_a_second_signal_exits_at_once() -> None:
+    app, gw = gateway_app()
+    server = server_for(app, drain_timeout_s=30)
+    server.handle_exit(signal.SIGINT, None)
+    assert not server.should_exit
+    server.handle_exit(signal.SIGINT, None)
+    assert server.should_exit and not gw.draining
+
+
+async def test_without_a_gateway_the_drain_ends_at_once() -> None:
+    async def bare(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    server = server_for(bare, drain_timeout_s=30)
+    task = await started(server)
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.wait_for(task, 5)
+    assert server.should_exit

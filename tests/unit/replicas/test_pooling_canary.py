@@ -1,0 +1,112 @@
+"""Pooling co-batching: admitted only where the profile declares it and the replica proves it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+from grm_service.config import SerializeMode, Settings
+from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.engines import Capabilities
+from grm_service.gateway.request.proxy import pooling_alone
+from grm_service.metrics import Metrics
+from grm_service.replicas.pool import Replica
+from grm_service.replicas.pooling_canary import PoolingCanary
+
+POOLING = Capabilities(batch_invariant=True, sampling_invariant=True, note="",
+                       pooling_invariant=True)
+NO_POOLING = Capabilities(batch_invariant=True, sampling_invariant=True, note="")
+
+
+def engine(shift_when_batched: float = 0.0, offset: float = 0.0,
+           status: int = 200) -> httpx.MockTransport:
+    """A /classify whose output is a function of the text, plus `shift_when_batched` whenever
+    another request is in flight at the same time (what a batch-variant kernel does)."""
+    inflight = 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal inflight
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": "no such route"}})
+        inflight += 1
+        await asyncio.sleep(0.001)
+        shared = inflight > 1
+        inflight -= 1
+        text = json.loads(request.content)["input"]
+        prob = len(text) / 1000 + offset + (shift_when_batched if shared else 0.0)
+        return httpx.Response(200, json={"data": [{"index": 0, "probs": [prob]}]})
+
+    return httpx.MockTransport(handle)
+
+
+def identity(version: str = "0.25.0", batch_invariant: str = "1",
+             engine: str = "vllm") -> ReplicaIdentity:
+    """What a GPU vLLM replica reports about itself (`/grm/identity`)."""
+    env = {"VLLM_BATCH_INVARIANT": batch_invariant}
+    return ReplicaIdentity(verified=True, served_model="m", engine=engine, engine_version=version,
+                           model_hash="blake3:x", env_digest="e", device="NVIDIA H200",
+                           tensor_parallel_size=1, env_inputs={"env": env})
+
+
+def make_replica(name: str = "r0", ident: ReplicaIdentity | None = None) -> Replica:
+    r = Replica(name, f"http://{name}")
+    r.identity = ident or identity()
+    return r
+
+
+def check(**settings: object) -> PoolingCanary:
+    return PoolingCanary(Settings(model="m", **settings), Metrics())  # type: ignore[arg-type]
+
+
+async def run(c: PoolingCanary, replica: Replica, transport: httpx.MockTransport) -> str | None:
+    async with httpx.AsyncClient(transport=transport) as client:
+        return await c(replica, client)
+
+
+async def test_invariant_replica_co_batches_pooling() -> None:
+    replica = make_replica("r0")
+    assert await run(check(), replica, engine()) is None
+    assert replica.pooling_batched
+    assert not pooling_alone(replica, POOLING, SerializeMode.AUTO)
+    assert pooling_alone(replica, POOLING, SerializeMode.ON), "--serialize on wins"
+    assert pooling_alone(replica, NO_POOLING, SerializeMode.AUTO), "the profile must agree"
+
+
+async def test_batch_variant_replica_keeps_pooling_serialized() -> None:
+    c = check()
+    replica = make_replica("r0")
+    assert await run(c, replica, engine(shift_when_batched=1e-9)) is None, "admitted"
+    assert not replica.pooling_batched
+    assert pooling_alone(replica, POOLING, SerializeMode.AUTO)
+    violations = c.metrics.registry.get_sample_value("grm_determinism_violations_total",
+                                                     {"source": "canary"})
+    assert violations == 1.0
+
+
+async def test_replica_disagreeing_with_the_first_one_is_refused() -> None:
+    c = check()
+    assert await run(c, make_replica("r0"), engine()) is None
+    problem = await run(c, make_replica("r1"), engine(offset=1e-9))
+    assert problem is not None and "first admitted replica" in problem
+
+
+async def test_generative_replica_and_unproven_profiles_are_not_probed() -> None:
+    replica = make_replica("r0")
+    assert await run(check(), replica, engine(status=404)) is None
+    assert not replica.pooling_batched
+    calls = 0
+
+    async def count(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, json={"data": [{"probs": [0.5]}]})
+
+    unproven = [identity(version="0.26.0"), identity(batch_invariant="0"),
+                identity(engine="vllm-cpu")]
+    for c, r in [(check(), make_replica(ident=i)) for i in unproven] + [
+            (check(serialize=SerializeMode.ON), make_replica())]:
+        assert await run(c, r, httpx.MockTransport(count)) is None
+        assert not r.pooling_batched
+    assert calls == 0

@@ -1,0 +1,198 @@
+"""The cross-process replica gate, with real processes holding it at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+from grm_service.replicas.pool import Gate
+from grm_service.replicas.shared_gate import GateFile
+
+_SPAWN = multiprocessing.get_context("spawn")
+_HOLD_S = 0.01
+# A spawned process imports before it can hold anything; a loaded machine takes seconds.
+_START_S = 120.0
+
+
+async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int,
+                     capacity: int = 64) -> list[list[float]]:
+    spans: list[list[float]] = []
+
+    async def one() -> None:
+        for _ in range(rounds):
+            async with gate.slot(exclusive, capacity):
+                start = time.monotonic()
+                await asyncio.sleep(_HOLD_S)
+                spans.append([start, time.monotonic()])
+
+    await asyncio.gather(*(one() for _ in range(tasks)))
+    return spans
+
+
+def _worker(path: str, worker: int, exclusive: bool, tasks: int, rounds: int, out: str,
+            go: Barrier, shared_file: bool) -> None:
+    """One worker process: `tasks` tasks, each taking the replica's gate `rounds` times."""
+    gates = GateFile(Path(path), worker, 2)
+    gate = gates.gate(0) if shared_file else Gate()
+    go.wait(_START_S)
+    spans = asyncio.run(_hold_many(gate, exclusive, tasks, rounds))
+    Path(out).write_text(json.dumps(spans))
+
+
+def _run_pair(tmp_path: Path, shared_file: bool) -> tuple[list[list[float]], list[list[float]]]:
+    go = _SPAWN.Barrier(3)
+    lock = str(tmp_path / "gates")
+    outs = [str(tmp_path / "alone.json"), str(tmp_path / "shared.json")]
+    procs = [
+        _SPAWN.Process(target=_worker, args=(lock, 0, True, 3, 8, outs[0], go, shared_file)),
+        _SPAWN.Process(target=_worker, args=(lock, 1, False, 6, 8, outs[1], go, shared_file)),
+    ]
+    for proc in procs:
+        proc.start()
+    go.wait(_START_S)  # both imported and waiting: they start together
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    alone, shared = (json.loads(Path(out).read_text()) for out in outs)
+    return alone, shared
+
+
+def _overlaps(a: list[list[float]], b: list[list[float]]) -> int:
+    return sum(1 for x in a for y in b if x[0] < y[1] and y[0] < x[1])
+
+
+def test_exclusive_in_one_process_excludes_shared_in_another(tmp_path: Path) -> None:
+    alone, shared = _run_pair(tmp_path, shared_file=True)
+    assert len(alone) == 24 and len(shared) == 48
+    assert _overlaps(alone, shared) == 0
+    assert _overlaps(alone, alone) == len(alone)  # each span only with itself
+    # The shared holders did share: otherwise nothing here was tested concurrently.
+    assert _overlaps(shared, shared) > len(shared)
+
+
+def test_without_the_shared_file_they_overlap(tmp_path: Path) -> None:
+    """The same run with a per-process gate: proves the test above can fail."""
+    alone, shared = _run_pair(tmp_path, shared_file=False)
+    assert _overlaps(alone, shared) > 0
+
+
+def _hold_exclusive_forever(path: str, ready: str) -> None:
+    async def hold() -> None:
+        await GateFile(Path(path), 0, 2).gate(0).acquire(True)
+        Path(ready).touch()
+        await asyncio.sleep(3600)
+
+    asyncio.run(hold())
+
+
+async def _acquire_within(gate: Gate, exclusive: bool, timeout_s: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await gate.acquire(exclusive)
+    except TimeoutError:
+        return False
+    await gate.release(exclusive)
+    return True
+
+
+def test_a_dead_holder_frees_the_replica(tmp_path: Path) -> None:
+    lock, ready = str(tmp_path / "gates"), tmp_path / "ready"
+    holder = _SPAWN.Process(target=_hold_exclusive_forever, args=(lock, str(ready)))
+    holder.start()
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gate = GateFile(Path(lock), 1, 2).gate(0)
+    assert not asyncio.run(_acquire_within(gate, False, 0.3)), "held by the other process"
+    assert holder.pid is not None
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(10)
+    assert asyncio.run(_acquire_within(gate, False, 5))
+
+
+def _stream_shared(path: str, stop: str, running: str) -> None:
+    """Overlapping shared holders, without a gap, until told to stop; `running` once all are."""
+    gate = GateFile(Path(path), 1, 2).gate(0)
+
+    async def one() -> None:
+        while not Path(stop).exists():
+            async with gate.slot(False):
+                await asyncio.sleep(0.02)
+
+    async def many() -> None:
+        tasks = []
+        for _ in range(4):
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(0.005)
+        Path(running).touch()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(many())
+
+
+def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Path) -> None:
+    lock, stop, running = str(tmp_path / "gates"), tmp_path / "stop", tmp_path / "running"
+    stream = _SPAWN.Process(target=_stream_shared, args=(lock, str(stop), str(running)))
+    stream.start()
+    try:
+        deadline = time.monotonic() + _START_S
+        while not running.exists() and time.monotonic() < deadline:  # the stream is running
+            time.sleep(0.05)
+        assert running.exists(), "the shared stream never started"
+        gate = GateFile(Path(lock), 0, 2).gate(0)
+        assert asyncio.run(_acquire_within(gate, True, 5))
+    finally:
+        stop.touch()
+        stream.join(10)
+    assert stream.exitcode == 0
+
+
+def _hold_bounded(path: str, worker: int, tasks: int, capacity: int, out: str,
+                  go: Barrier) -> None:
+    gate = GateFile(Path(path), worker, 2).gate(0)
+    go.wait(_START_S)
+    spans = asyncio.run(_hold_many(gate, False, tasks, 6, capacity))
+    Path(out).write_text(json.dumps(spans))
+
+
+def _most_at_once(spans: list[list[float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = held = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        held += step
+        most = max(most, held)
+    return most
+
+
+def _bounded_run(tmp_path: Path, tasks: list[int], capacity: int) -> list[list[float]]:
+    go = _SPAWN.Barrier(len(tasks) + 1)
+    lock = str(tmp_path / "gates")
+    outs = [str(tmp_path / f"w{w}.json") for w in range(len(tasks))]
+    procs = [_SPAWN.Process(target=_hold_bounded, args=(lock, w, n, capacity, outs[w], go))
+             for w, n in enumerate(tasks)]
+    for proc in procs:
+        proc.start()
+    go.wait(_START_S)
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    return [span for out in outs for span in json.loads(Path(out).read_text())]
+
+
+def test_the_inflight_bound_holds_for_the_sum_over_workers(tmp_path: Path) -> None:
+    spans = _bounded_run(tmp_path, tasks=[4, 4], capacity=3)
+    assert len(spans) == 48
+    assert _most_at_once(spans) == 3  # 8 holders would overlap without the shared count
+
+
+def test_one_busy_worker_may_use_the_whole_bound(tmp_path: Path) -> None:
+    """Connections do not spread evenly over workers: one worker alone gets every slot (a fixed
+    split of the bound would cap it at 2 of 3 here)."""
+    spans = _bounded_run(tmp_path, tasks=[5, 0], capacity=3)
+    assert _most_at_once(spans) == 3

@@ -1,0 +1,63 @@
+"""The keeper's replica set, published and followed: every worker routes over the same ready set."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from grm_service.gateway.request import router
+from grm_service.replicas.pool import Gate, ReplicaState
+from grm_service.replicas.snapshot import Follower, Published, mark_down, snapshot_of
+from tests.unit.replicas.test_keeper import PLAIN, identity, keeper_for
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
+    path = tmp_path / "replicas.json"
+    keeper = keeper_for({"a": identity(), "b": identity(), "c": identity(dtype="float32"),
+                         "d": PLAIN}, canary=False)
+    published = Published(keeper, path, _nothing)
+    gates: list[Gate] = []
+
+    def gate_for(index: int) -> Gate:
+        gates.append(Gate())
+        return gates[-1]
+
+    follower = Follower(path, gate_for)
+    settled: list[str] = []
+    follower.on_reference(lambda ref: settled.append(ref.served_model))
+    await published.start()
+    try:
+        want = [ReplicaState.READY, ReplicaState.READY, ReplicaState.REJECTED,
+                ReplicaState.REJECTED]
+        async with asyncio.timeout(60):  # every replica checked, each change published
+            while [r.state for r in keeper.pool.replicas] != want:
+                await asyncio.sleep(0.01)
+        keeper.pool.replicas[1].serialized = True
+        published.publish()
+        follower.refresh()
+        keeper_view = snapshot_of(keeper.pool, keeper.admission.reference)
+        assert snapshot_of(follower.pool, follower.reference) == keeper_view
+        assert [r.state for r in follower.pool.replicas] == [
+            ReplicaState.READY, ReplicaState.READY, ReplicaState.REJECTED, ReplicaState.REJECTED]
+        assert follower.pool.replicas[1].serialized and settled == ["rm"]
+        for key in range(200):  # the same request goes to the same replica in every worker
+            ready_k = [r.name for r in keeper.pool.ready()]
+            ready_f = [r.name for r in follower.pool.ready()]
+            assert router.rendezvous_order(key, ready_f) == router.rendezvous_order(key, ready_k)
+
+        version = follower.version
+        mark_down(path, "the keeper's worker is restarting")
+        follower.refresh()
+        assert follower.pool.ready() == [] and follower.version == version + 1
+        assert {r.detail for r in follower.pool.replicas} == {"the keeper's worker is restarting"}
+        # A replica keeps its gate (and its holders) from one version to the next.
+        assert [r.gate for r in follower.pool.replicas] == gates and len(gates) == 4
+        assert settled == ["rm"]  # the reference did not change: not settled again
+    finally:
+        await published.stop()
+    follower.refresh()
+    assert {r.state for r in follower.pool.replicas} == {ReplicaState.STOPPED}
