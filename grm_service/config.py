@@ -87,6 +87,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Custom scorers, NAME=module:function (comma-separated).",
     )
+    scorer_presets: Path | None = Field(
+        None, description="YAML or JSON file of named scorer presets (scoring/presets.py).",
+    )
     score_concurrency: int = Field(64, ge=1, description="Items of one batch in flight at once.")
     dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context length.")

@@ -36,7 +36,7 @@ from grm_service.replicas.pooling_canary import PoolingCanary
 from grm_service.replicas.shared_gate import GateFile
 from grm_service.replicas.snapshot import Follower, Published
 from grm_service.replicas.sources import attached_sources, local_sources
-from grm_service.scoring.registry import registered
+from grm_service.scoring.presets import scorer_names as _scorer_names
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _lifespan(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A bad --scorers entry fails start-up rather than the first request.
-        log.info("scorers: %s", ", ".join(registered(tuple(settings.scorers))))
+        log.info("scorers: %s", ", ".join(scorer_names(settings)))
         metrics = Metrics(worker.metrics_dir if worker else None)
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
         admission = Admission(settings, probes, _output_checks(settings, metrics))
@@ -224,13 +224,17 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None,
     return HotPath(app, settings, lambda: app.state)
 
 
+def scorer_names(settings: Settings) -> list[str]:
+    return _scorer_names(settings.scorer_presets, tuple(settings.scorers))
+
+
 def _with_score_schema(app: FastAPI, settings: Settings) -> None:
     """/v1/score reads its own body (in chunks): its schema is added to the generated one."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            add_score_schema(generate(), registered(tuple(settings.scorers)))
+            add_score_schema(generate(), scorer_names(settings))
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -20,7 +20,7 @@ from typing import Any
 from grm_service.errors import ConfigError, UnknownScorer
 from grm_service.scoring import classify, judge, ocr
 from grm_service.scoring.context import ItemError, ScorerContext
-from grm_service.scoring.models import ScoreItem
+from grm_service.scoring.models import ScoreItem, ScoreRequest
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,25 @@ def registered(specs: tuple[str, ...] = ()) -> list[str]:
     return sorted(_registry(specs))
 
 
+# Request-level item checks of the built-ins (400 before any item runs).
+ITEM_CHECKS: dict[str, Callable[[list[ScoreItem], dict[str, Any]], None]] = {
+    "ocr": ocr.check_items,
+}
+
+
 def check_options(name: str, scorer: Scorer, options: dict[str, Any]) -> None:
     """The built-in scorer's option check (a custom scorer may reuse a built-in's name)."""
     if BUILTIN.get(name) is scorer:
         OPTION_CHECKS[name](options)
+
+
+def check_request(name: str, scorer: Scorer, req: ScoreRequest) -> None:
+    """The built-in scorer's checks of a whole request: its options, then its items."""
+    check_options(name, scorer, req.options)
+    if BUILTIN.get(name) is scorer and name in ITEM_CHECKS:
+        ITEM_CHECKS[name](req.items, req.options)
+
+
+def check_option_set(name: str, options: dict[str, Any], specs: tuple[str, ...] = ()) -> None:
+    """`check_options` by scorer name (a preset's options, checked at start-up)."""
+    check_options(name, lookup(name, specs), options)

@@ -14,9 +14,10 @@ from grm_service.gateway.edge.score_body import read_score_request
 from grm_service.gateway.request import checkpoint
 from grm_service.gateway.request.answer import wrap
 from grm_service.gateway.request.proxy import Gateway, forward
+from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
-from grm_service.scoring.registry import check_options, lookup
+from grm_service.scoring.registry import check_request, lookup
 from grm_service.scoring.send import make_send, pooling_body
 
 router = APIRouter()
@@ -31,10 +32,12 @@ async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
     if len(req.items) > cap:
         raise TooLarge(f"{len(req.items)} items in one batch; the limit is {cap} "
                        "(GRM_MAX_SCORE_ITEMS): split the batch")
-    scorer = lookup(req.scorer, tuple(gw.settings.scorers))
+    # A preset is a scorer name: its options and sampling go under the request's own.
+    name, req = presets.resolve(req, presets.load(gw.settings.scorer_presets))
+    scorer = lookup(name, tuple(gw.settings.scorers))
     checkpoint.check_sampling(req.sampling, gw.limits)
     checkpoint.check_shared_size("options", req.options)
-    check_options(req.scorer, scorer, req.options)
+    check_request(name, scorer, req)
     answer = await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
                                gw.identity.fingerprint_id)
     failed = answer.fingerprint.errors
