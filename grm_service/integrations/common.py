@@ -9,12 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grm_service.client import AsyncGrmClient, GrmClient
+from grm_service.client import AsyncGrmClient, GrmClient, RetryPolicy
 from grm_service.scoring.images import encode_bytes
 from grm_service.scoring.models import ItemResult
 
 URL_ENV = "GRM_SERVICE_URL"
 KEY_ENV = "GRM_API_KEY"
+# One /v1/score batch may take this long, and is tried 1 + RETRIES times while the service is
+# busy or unreachable: a stuck batch holds a trainer's step for minutes, not hours.
+TIMEOUT_S = 300.0
+RETRIES = 2
 
 
 class ScoringError(RuntimeError):
@@ -33,27 +37,50 @@ class Endpoint:
     """A service and how to reach it: URL, API key (bearer), extra headers, batching."""
 
     url: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a printed config
     headers: tuple[tuple[str, str], ...] = field(default=())
     batch_size: int = 32
     concurrency: int = 4
+    timeout: float = TIMEOUT_S
+    retries: int = RETRIES
+
+    def _retry(self) -> RetryPolicy:
+        return RetryPolicy(attempts=self.retries + 1)
 
     def client(self) -> GrmClient:
         return GrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
-                         batch_size=self.batch_size, concurrency=self.concurrency)
+                         batch_size=self.batch_size, concurrency=self.concurrency,
+                         timeout=self.timeout, retry=self._retry())
 
     def async_client(self) -> AsyncGrmClient:
         return AsyncGrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
-                              batch_size=self.batch_size, concurrency=self.concurrency)
+                              batch_size=self.batch_size, concurrency=self.concurrency,
+                              timeout=self.timeout, retry=self._retry())
 
 
 def endpoint(
     url: str | None = None, api_key: str | None = None,
     headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
 ) -> Endpoint:
-    """The endpoint from arguments, falling back to GRM_SERVICE_URL and GRM_API_KEY."""
-    return Endpoint(service_url(url), api_key or os.environ.get(KEY_ENV) or None,
-                    tuple(sorted((headers or {}).items())), batch_size, concurrency)
+    """The endpoint from arguments, falling back to GRM_SERVICE_URL and the key's variable
+    (GRM_API_KEY unless `api_key_env` names another)."""
+    if not timeout > 0:
+        raise ScoringError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ScoringError(f"retries must be a whole number >= 0, not {retries!r}")
+    return Endpoint(service_url(url), api_key or os.environ.get(api_key_env) or None,
+                    tuple(sorted((headers or {}).items())), batch_size, concurrency,
+                    float(timeout), retries)
+
+
+def no_key_in_config(api_key: str | None, trainer: str) -> None:
+    """A key given in a trainer's config is printed at start-up and logged with the config
+    (verl prints `reward_kwargs` and sends them to W&B): refuse it, name the way that is not."""
+    if api_key is not None:
+        raise ScoringError(f"api_key in {trainer}'s reward_kwargs is printed and logged with the "
+                           f"config: set {KEY_ENV} in the workers' environment instead (or name "
+                           "another variable with api_key_env=...)")
 
 
 def text_of(value: Any) -> str:

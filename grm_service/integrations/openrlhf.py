@@ -22,8 +22,11 @@ from grm_service.scoring.models import ItemResult, ScoreItem
 DEFAULT_ERROR_REWARD = 0.0
 
 # Special tokens of the common chat templates: `<|...|>` (ChatML/Qwen, Llama 3, Phi, GPT-OSS...)
-# and the SentencePiece/Gemma ones. `?special_tokens=keep` turns stripping off; a comma-separated
-# list strips exactly those strings instead.
+# and the SentencePiece/Gemma ones. `?special_tokens=keep` turns stripping off; a list strips
+# exactly those strings instead: separated by spaces (`+` in a URL) or given as repeated
+# `special_tokens=` parameters. Never by commas: OpenRLHF splits `--reward.remote_url` on them,
+# so `special_tokens=<|im_end|>,</s>` would reach the gateway as `<|im_end|>` alone and make `</s>`
+# a second reward "endpoint" that every other rollout posts to, and fails.
 AUTO = "auto"
 KEEP = "keep"
 _AUTO_PATTERN = re.compile(
@@ -39,16 +42,28 @@ class RewardRequest(BaseModel):
     labels: list[Any] | None = None
 
 
-def token_pattern(special_tokens: str) -> re.Pattern[str] | None:
-    """What `?special_tokens=` strips: auto (the common templates' tokens), keep, or a list."""
-    value = special_tokens.strip()
-    if value == AUTO:
-        return _AUTO_PATTERN
-    if value == KEEP:
+def cut_by_openrlhf(query: str) -> str | None:
+    """Why OpenRLHF would cut a URL with this (raw, undecoded) query string, or None."""
+    if "," not in query:
         return None
-    tokens = sorted({t for t in value.split(",") if t}, key=len, reverse=True)
+    return ("OpenRLHF splits --reward.remote_url on commas, so this URL would reach the gateway "
+            "cut at its first comma, the rest posted to as a second endpoint: list special "
+            "tokens separated by spaces ('+') or repeat special_tokens=; write a comma inside a "
+            "value as %2C")
+
+
+def token_pattern(special_tokens: str | Sequence[str]) -> re.Pattern[str] | None:
+    """What `?special_tokens=` strips: auto (the common templates' tokens), keep, or a list
+    (whitespace-separated, or several values)."""
+    values = [special_tokens] if isinstance(special_tokens, str) else list(special_tokens)
+    tokens = sorted({t for value in values for t in value.split()}, key=len, reverse=True)
     if not tokens:
-        raise ValueError("special_tokens must be 'auto', 'keep' or a comma-separated list")
+        raise ValueError("special_tokens must be 'auto', 'keep' or a list of tokens separated "
+                         "by spaces ('+' in a URL)")
+    if tokens in ([AUTO], [KEEP]):
+        return _AUTO_PATTERN if tokens == [AUTO] else None
+    if AUTO in tokens or KEEP in tokens:
+        raise ValueError("special_tokens: 'auto' and 'keep' stand alone, not in a list")
     return re.compile("|".join(map(re.escape, tokens)))
 
 
@@ -63,7 +78,8 @@ def completion_of(query: str, prompt: str | None) -> str:
     return query
 
 
-def to_items(req: RewardRequest, special_tokens: str = AUTO) -> list[ScoreItem]:
+def to_items(req: RewardRequest, special_tokens: str | Sequence[str] = AUTO
+             ) -> list[ScoreItem]:
     pattern = token_pattern(special_tokens)
     n = len(req.query)
     prompts: Sequence[str | None] = req.prompts if req.prompts else [None] * n

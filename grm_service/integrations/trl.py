@@ -4,19 +4,26 @@
     GRPOTrainer(..., reward_funcs=[async_grm_reward("http://127.0.0.1:8000", scorer="judge")])
 
 TRL calls `fn(prompts=..., completions=..., completion_ids=..., **dataset_columns)`; prompts and
-completions are strings or chat messages. Both factories return plain functions (`async def` for
-the async one), the forms every TRL release recognises, named for TRL's logged reward column. A
-failed item gives None, TRL's "no reward" (NaN in its metrics), and a warning with the reason.
+completions are strings or chat messages. Both factories return callable class instances
+(`GrmReward`, `AsyncGrmReward`, whose `__call__` is `async def`): they pickle, as TRL 1.16's
+`AsyncGRPOTrainer` needs (it sends `reward_funcs` to a spawned process), and carry `__name__`
+for TRL's logged reward column. A failed item gives None, TRL's "no reward" (NaN in its metrics),
+and a warning with the reason. Where TRL passes `log_extra` and `log_metric` (GRPOTrainer), each
+completion's fingerprint id and error go to the completions table (`<name>/grm_fingerprint`,
+`<name>/grm_error`) and the batch's error rate to the metrics (`<name>/grm_error_rate`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.integrations.common import (
+    KEY_ENV,
+    RETRIES,
+    TIMEOUT_S,
     Endpoint,
     endpoint,
     image_of,
@@ -30,8 +37,8 @@ log = logging.getLogger(__name__)
 # Dataset columns TRL passes images in: its preferred `images` (a list per row), then `image`.
 IMAGE_COLUMNS = ("images", "image")
 
-RewardFn = Callable[..., list[float | None]]
-AsyncRewardFn = Callable[..., Awaitable[list[float | None]]]
+# What TRL passes besides the dataset's columns; never sent as item data.
+TRAINER_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
 
 
 @dataclass(frozen=True)
@@ -102,28 +109,83 @@ def rewards(results: Sequence[ItemResult], name: str) -> list[float | None]:
     return out
 
 
+def report(results: Sequence[ItemResult], name: str, hooks: Mapping[str, Any]) -> None:
+    """Fingerprints and errors through TRL's `log_extra` / `log_metric`, where it gives them."""
+    log_extra: Callable[[str, list[Any]], None] | None = hooks.get("log_extra")
+    log_metric: Callable[[str, float], None] | None = hooks.get("log_metric")
+    if log_extra is not None:
+        log_extra(f"{name}/grm_fingerprint",
+                  [r.fingerprint.fingerprint_id if r.fingerprint else "" for r in results])
+        log_extra(f"{name}/grm_error", [r.error or "" for r in results])
+    if log_metric is not None and results:
+        log_metric(f"{name}/grm_error_rate",
+                   sum(r.status == "error" for r in results) / len(results))
+
+
+@dataclass
+class _Reward:
+    job: Job
+    where: Endpoint
+    __name__: str
+
+    def _items(self, prompts: Sequence[Any], completions: Sequence[Any],
+               columns: dict[str, Any]) -> tuple[list[ScoreItem], dict[str, Any]]:
+        hooks = {k: columns.pop(k) for k in TRAINER_KWARGS if k in columns}
+        return to_items(prompts, completions, columns, self.job), hooks
+
+
+class GrmReward(_Reward):
+    """A synchronous TRL reward function (picklable)."""
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
+                 **columns: Any) -> list[float | None]:
+        items, hooks = self._items(prompts, completions, columns)
+        # A client per call, closed after it: one call is a whole generation batch.
+        with self.where.client() as client:
+            results = client.score(items, self.job.scorer, sampling=self.job.sampling,
+                                   options=self.job.options)
+        report(results, self.__name__, hooks)
+        return rewards(results, self.__name__)
+
+
+class AsyncGrmReward(_Reward):
+    """An `async` TRL reward function (picklable; TRL runs those concurrently)."""
+
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
+                       **columns: Any) -> list[float | None]:
+        items, hooks = self._items(prompts, completions, columns)
+        # A client per call: TRL may run reward functions on a loop of its own, and an async
+        # client belongs to the loop it first ran on; one call is a whole batch anyway.
+        async with self.where.async_client() as client:
+            results = await client.score(items, self.job.scorer, sampling=self.job.sampling,
+                                         options=self.job.options)
+        report(results, self.__name__, hooks)
+        return rewards(results, self.__name__)
+
+
+def _parts(
+    url: str | None, scorer: str, reference_key: str, image_key: str | None,
+    options: dict[str, Any] | None, sampling: dict[str, Any] | None, api_key: str | None,
+    headers: Mapping[str, str] | None, batch_size: int, concurrency: int, timeout: float,
+    retries: int, api_key_env: str,
+) -> tuple[Job, Endpoint]:
+    job = Job(scorer, reference_key, image_key, dict(options or {}), dict(sampling or {}))
+    return job, endpoint(url, api_key, headers, batch_size, concurrency, timeout, retries,
+                         api_key_env)
+
+
 def grm_reward(
     url: str | None = None, scorer: str = "judge", *, reference_key: str = "reference",
     image_key: str | None = None, options: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None, api_key: str | None = None,
     headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
     name: str | None = None,
-) -> RewardFn:
+) -> GrmReward:
     """A synchronous TRL reward function."""
-    job = Job(scorer, reference_key, image_key, dict(options or {}), dict(sampling or {}))
-    where = endpoint(url, api_key, headers, batch_size, concurrency)
-
-    def reward(prompts: Sequence[Any], completions: Sequence[Any],
-               **columns: Any) -> list[float | None]:
-        items = to_items(prompts, completions, columns, job)
-        # A client per call, closed after it: one call is a whole generation batch.
-        with where.client() as client:
-            results = client.score(items, job.scorer, sampling=job.sampling,
-                                   options=job.options)
-        return rewards(results, reward.__name__)
-
-    reward.__name__ = reward.__qualname__ = name or f"grm_{scorer}"
-    return reward
+    job, where = _parts(url, scorer, reference_key, image_key, options, sampling, api_key,
+                        headers, batch_size, concurrency, timeout, retries, api_key_env)
+    return GrmReward(job, where, name or f"grm_{scorer}")
 
 
 def async_grm_reward(
@@ -131,21 +193,10 @@ def async_grm_reward(
     image_key: str | None = None, options: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None, api_key: str | None = None,
     headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
     name: str | None = None,
-) -> AsyncRewardFn:
-    """An `async def` TRL reward function (TRL runs those concurrently with each other)."""
-    job = Job(scorer, reference_key, image_key, dict(options or {}), dict(sampling or {}))
-    where: Endpoint = endpoint(url, api_key, headers, batch_size, concurrency)
-
-    async def reward(prompts: Sequence[Any], completions: Sequence[Any],
-                     **columns: Any) -> list[float | None]:
-        items = to_items(prompts, completions, columns, job)
-        # A client per call: TRL may run reward functions on a loop of its own, and an async
-        # client belongs to the loop it first ran on; one call is a whole batch anyway.
-        async with where.async_client() as client:
-            results = await client.score(items, job.scorer, sampling=job.sampling,
-                                         options=job.options)
-        return rewards(results, reward.__name__)
-
-    reward.__name__ = reward.__qualname__ = name or f"grm_{scorer}"
-    return reward
+) -> AsyncGrmReward:
+    """An `async` TRL reward function (TRL runs those concurrently with each other)."""
+    job, where = _parts(url, scorer, reference_key, image_key, options, sampling, api_key,
+                        headers, batch_size, concurrency, timeout, retries, api_key_env)
+    return AsyncGrmReward(job, where, name or f"grm_{scorer}")

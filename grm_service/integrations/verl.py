@@ -3,15 +3,22 @@
 verl 0.9's reward loop (`reward.reward_manager.name=naive`, the default) calls the custom function
 once per sample, concurrently, and awaits it when it is a coroutine function:
 
-    reward.custom_reward_function.path=<site-packages>/grm_service/integrations/verl.py
+    reward.custom_reward_function.path=pkg://grm_service.integrations.verl
     reward.custom_reward_function.name=compute_score
     +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
     +reward.custom_reward_function.reward_kwargs.scorer=judge
 
-Every call in a process shares one HTTP client (per event loop), so a batch of samples costs
-one connection pool, not one per sample. The answer is a dict: `score`, and `grm_fingerprint`
-(the serving identity's id) and `grm_error` (1.0 for a failed item), which verl keeps in
-`reward_extra_info`. `compute_score_batch` is the form of verl's batch reward manager.
+`pkg://` makes every Ray node import the module it has installed (a file path resolves on the
+driver only). The key comes from GRM_API_KEY in the workers' environment: verl prints
+`reward_kwargs` and logs them with the config, so `api_key` there is refused.
+
+The calls of one worker that come at the same time go out as one `/v1/score` batch
+(`microbatch`), over one HTTP client per event loop. The answer is a dict: `score`, and
+`grm_fingerprint` (the serving identity's id) and `grm_error` (1.0 for a failed item), which verl
+keeps in `reward_extra_info`. `compute_score_batch` is the form of verl's batch reward manager.
+Unknown keywords are refused by Python by name (a `scorrer=` typo is a TypeError, never ignored);
+`reward_router_address` and `reward_model_tokenizer`, which verl adds when it runs a reward model
+of its own, are accepted and unused.
 
 `extra_info` may carry `prompt` (or `question`) and `image` (data URL, list for frames); the
 policy's text is the judged completion; the ground truth (a string, a list or a numpy array of
@@ -20,40 +27,31 @@ acceptable answers) gives the reference: its first answer, all of them in `extra
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grm_service.client import AsyncGrmClient, GrmClient
-from grm_service.integrations.common import Endpoint, endpoint, image_of, references, reward_or
+from grm_service.client import GrmClient
+from grm_service.integrations.common import (
+    KEY_ENV,
+    RETRIES,
+    TIMEOUT_S,
+    Endpoint,
+    endpoint,
+    image_of,
+    no_key_in_config,
+    references,
+    reward_or,
+)
+from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
 from grm_service.scoring.models import ItemResult, ScoreItem
 
-# verl imports this file by path and calls a plain function per sample: a client can only be
-# shared through module state. Keyed by event loop, because an async client is bound to its loop.
-_ASYNC_CLIENTS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[Endpoint, AsyncGrmClient]
-] = weakref.WeakKeyDictionary()
+__all__ = ["close_clients", "compute_score", "compute_score_batch"]
 
 
 @functools.cache
 def _sync_client(where: Endpoint) -> GrmClient:
     return where.client()  # httpx.Client is thread-safe: verl's thread-pool calls share it
-
-
-def _async_client(where: Endpoint) -> AsyncGrmClient:
-    per_loop = _ASYNC_CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    if where not in per_loop:
-        per_loop[where] = where.async_client()
-    return per_loop[where]
-
-
-async def close_clients() -> None:
-    """Close the clients this event loop's calls share (verl itself never needs to: they live
-    as long as its reward workers)."""
-    for client in _ASYNC_CLIENTS.pop(asyncio.get_running_loop(), {}).values():
-        await client.aclose()
 
 
 def to_item(
@@ -85,13 +83,18 @@ async def compute_score(
     extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
     scorer: str = "judge", options: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None, error_score: float | None = None,
-    api_key: str | None = None, headers: Mapping[str, str] | None = None, **_: Any,
+    headers: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S,
+    retries: int = RETRIES, batch_size: int = 32, batch_wait_s: float = WAIT_S,
+    api_key_env: str = KEY_ENV, api_key: str | None = None,
+    reward_router_address: str | None = None, reward_model_tokenizer: Any = None,
 ) -> dict[str, Any]:
     """One sample (verl's reward loop); failed items raise unless `error_score` is set."""
-    client = _async_client(endpoint(url, api_key, headers))
+    no_key_in_config(api_key, "verl")
+    where = endpoint(url, None, headers, batch_size, timeout=timeout, retries=retries,
+                     api_key_env=api_key_env)
     item = to_item(0, data_source, solution_str, ground_truth, extra_info)
-    answer = await client.score_batch([item], scorer, sampling=sampling, options=options)
-    return reward_info(answer.results[0], error_score)
+    result = await batcher(where, scorer, options, sampling, batch_wait_s).score(item)
+    return reward_info(result, error_score)
 
 
 def compute_score_batch(
@@ -99,12 +102,15 @@ def compute_score_batch(
     extra_infos: Sequence[Mapping[str, Any] | None], *, url: str | None = None,
     scorer: str = "judge", options: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None, error_score: float | None = None,
-    api_key: str | None = None, headers: Mapping[str, str] | None = None,
-    batch_size: int = 32, concurrency: int = 4, **_: Any,
+    headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
+    api_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """verl's batch reward manager form: one reward dict per sample, in order."""
+    no_key_in_config(api_key, "verl")
     rows = zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True)
     items = [to_item(i, *row) for i, row in enumerate(rows)]
-    client = _sync_client(endpoint(url, api_key, headers, batch_size, concurrency))
+    client = _sync_client(endpoint(url, None, headers, batch_size, concurrency, timeout,
+                                   retries, api_key_env))
     results = client.score(items, scorer, sampling=sampling, options=options)
     return [reward_info(r, error_score) for r in results]

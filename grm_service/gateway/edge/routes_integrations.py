@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from grm_service.errors import InvalidRequest
 from grm_service.gateway.edge.deps import gateway
@@ -14,6 +14,7 @@ from grm_service.integrations.openrlhf import (
     AUTO,
     DEFAULT_ERROR_REWARD,
     RewardRequest,
+    cut_by_openrlhf,
     to_items,
     to_response,
 )
@@ -25,19 +26,23 @@ GatewayDep = Annotated[Gateway, Depends(gateway)]
 
 @router.post("/openrlhf/reward")
 async def openrlhf_reward(
-    req: RewardRequest, gw: GatewayDep,
+    req: RewardRequest, gw: GatewayDep, http: Request,
     scorer: Annotated[str, Query(description="Registered scorer to use.")] = "judge",
     error_reward: Annotated[
         float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).",
                      allow_inf_nan=False)
     ] = DEFAULT_ERROR_REWARD,
-    special_tokens: Annotated[str, Query(
+    special_tokens: Annotated[list[str], Query(
         description="Stripped from query and prompts: auto (common chat-template tokens), "
-                    "keep, or a comma-separated list.")] = AUTO,
+                    "keep, or a list separated by spaces ('+'), or the parameter repeated; "
+                    "never by commas (OpenRLHF splits its URL on them).")] = [AUTO],  # noqa: B006
 ) -> dict[str, Any]:
     """`--reward.remote_url` points here: `.../openrlhf/reward?scorer=judge`. A failed item is
     `error_reward` with `extra_logs.grm_error` = 1, never a failed call: OpenRLHF would retry
     the whole batch, then drop its rewards."""
+    cut = cut_by_openrlhf(http.url.query)
+    if cut:
+        raise InvalidRequest(cut)
     try:
         # pydantic's ValidationError is a ValueError: an empty scorer or no items is a 400.
         request = ScoreRequest(scorer=scorer, items=to_items(req, special_tokens))

@@ -28,9 +28,12 @@ def test_openrlhf_query_is_split_into_prompt_and_response() -> None:
     ("auto", "A!"),
     ("keep", "A!<|im_end|><|endoftext|>"),
     ("<|im_end|>", "A!<|endoftext|>"),
-    ("<|endoftext|>,<|im_end|>", "A!"),
+    ("<|endoftext|> <|im_end|>", "A!"),  # `+` in a URL: it survives OpenRLHF's comma split
+    (["<|endoftext|>", "<|im_end|>"], "A!"),  # the parameter repeated
+    # A comma is no separator (a %2C-encoded one may be part of a token).
+    ("<|endoftext|>,<|im_end|>", "A!<|im_end|><|endoftext|>"),
 ])
-def test_openrlhf_special_tokens_are_stripped_as_asked(special_tokens: str,
+def test_openrlhf_special_tokens_are_stripped_as_asked(special_tokens: str | list[str],
                                                        completion: str) -> None:
     prompt = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
     req = openrlhf.RewardRequest(query=[prompt + "A!<|im_end|><|endoftext|>"], prompts=[prompt])
@@ -40,8 +43,15 @@ def test_openrlhf_special_tokens_are_stripped_as_asked(special_tokens: str,
 def test_openrlhf_other_templates_tokens() -> None:
     for query in ("A!<eos>", "A!<end_of_turn>", "A!</s>", "A!<|eot_id|>"):
         assert openrlhf.to_items(openrlhf.RewardRequest(query=[query]))[0].completion == "A!"
-    with pytest.raises(ValueError, match="special_tokens"):
-        openrlhf.token_pattern(",")
+    for bad in (" ", [], "auto </s>", ["keep", "</s>"]):
+        with pytest.raises(ValueError, match="special_tokens"):
+            openrlhf.token_pattern(bad)
+
+
+def test_a_url_that_openrlhf_would_cut_is_named() -> None:
+    assert openrlhf.cut_by_openrlhf("scorer=judge&special_tokens=%3C%2Fs%3E%2Cx") is None
+    reason = openrlhf.cut_by_openrlhf("scorer=judge&special_tokens=<|im_end|>,</s>")
+    assert reason is not None and "splits --reward.remote_url on commas" in reason
 
 
 def test_openrlhf_response_shape() -> None:

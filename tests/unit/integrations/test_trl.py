@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 
 import pytest
 from PIL import Image
@@ -58,9 +59,27 @@ def test_reward_function_needs_a_url() -> None:
     assert trl.grm_reward(url="http://x", scorer="judge").__name__ == "grm_judge"
 
 
-def test_trl_reward_functions_are_plain_functions() -> None:
-    # The forms every TRL release recognises: a def, and an `async def` for the async path.
-    sync = trl.grm_reward("http://x", "judge", name="judge_sync")
+def test_trl_reward_functions_are_picklable_callables() -> None:
+    # AsyncGRPOTrainer pickles reward_funcs into a spawned process: closures cannot go.
+    sync = trl.grm_reward("http://x", "judge", name="judge_sync", api_key="s3cret-key", timeout=5,
+                          retries=0)
     async_ = trl.async_grm_reward("http://x", "judge")
-    assert inspect.isfunction(sync) and not inspect.iscoroutinefunction(sync)
-    assert inspect.iscoroutinefunction(async_) and async_.__name__ == "grm_judge"
+    assert not inspect.iscoroutinefunction(sync.__call__)
+    assert inspect.iscoroutinefunction(async_.__call__) and async_.__name__ == "grm_judge"
+    for fn in (sync, async_):
+        copy = pickle.loads(pickle.dumps(fn))
+        assert copy == fn and copy.__name__ == fn.__name__
+    assert "s3cret" not in repr(sync), "the key is never in a printed reward function"
+    assert sync.where.timeout == 5 and sync.where.retries == 0
+
+
+def test_fingerprints_and_errors_go_to_trls_log_hooks() -> None:
+    results = [ItemResult(id="0", score=1.0, status="ok", digest="d"),
+               ItemResult(id="1", score=None, status="error", error="bad", digest="d")]
+    extra: dict[str, list[object]] = {}
+    metrics: dict[str, float] = {}
+    trl.report(results, "grm_judge", {"log_extra": extra.__setitem__,
+                                      "log_metric": metrics.__setitem__})
+    assert extra == {"grm_judge/grm_fingerprint": ["", ""], "grm_judge/grm_error": ["", "bad"]}
+    assert metrics == {"grm_judge/grm_error_rate": 0.5}
+    trl.report(results, "grm_judge", {})  # TRL's async trainer passes neither

@@ -5,8 +5,10 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+import pytest
 
 from grm_service.integrations import verl
+from grm_service.integrations.common import ScoringError
 
 
 def test_verl_sample_becomes_an_item() -> None:
@@ -33,3 +35,17 @@ def test_verl_ground_truths_numpy_and_lists() -> None:
 def test_verl_compute_score_is_a_coroutine_function() -> None:
     # verl's reward loop awaits coroutine functions and runs others on a thread pool.
     assert inspect.iscoroutinefunction(verl.compute_score)
+
+
+async def test_verl_refuses_typos_and_keys_in_its_config() -> None:
+    # verl binds reward_kwargs by keyword: a typo must fail by name, not be swallowed.
+    with pytest.raises(TypeError, match="scorrer"):
+        await verl.compute_score("s", "x", "4", {}, url="http://x", scorrer="judge")  # type: ignore[call-arg]
+    with pytest.raises(ScoringError, match="GRM_API_KEY"):
+        await verl.compute_score("s", "x", "4", {}, url="http://x", api_key="secret")
+    with pytest.raises(ScoringError, match="GRM_API_KEY"):
+        verl.compute_score_batch(["s"], ["x"], ["4"], [{}], url="http://x", api_key="secret")
+    params = inspect.signature(verl.compute_score).parameters
+    # What verl's reward managers add when they run a reward model of their own.
+    assert {"reward_router_address", "reward_model_tokenizer"} <= set(params)
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
