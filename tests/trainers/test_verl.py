@@ -20,6 +20,7 @@ from verl import DataProto
 from verl.experimental.reward_loop import RewardLoopWorker
 from verl.workers.reward_manager.batch import BatchRewardManager
 
+from grm_service.integrations import microbatch
 from grm_service.integrations import verl as adapter
 from tests.support.procs import Proc
 from tests.trainers.conftest import KEY
@@ -33,16 +34,18 @@ GROUND_TRUTHS: list[Any] = [np.array(["four", "4"]), "x", "red"]
 
 
 def overrides(gateway: Proc, policy: Path) -> list[str]:
-    """The command-line settings docs/integrations.md gives for verl 0.9."""
+    """The command-line settings docs/integrations.md gives for verl 0.9 (the key is in the
+    environment: verl prints reward_kwargs)."""
     prefix = "reward.custom_reward_function"
     return [
         f"actor_rollout_ref.model.path={policy}",
-        f"{prefix}.path={adapter.__file__}",
+        f"{prefix}.path=pkg://grm_service.integrations.verl",
         f"{prefix}.name=compute_score",
         f"+{prefix}.reward_kwargs.url={gateway.url}",
         f"+{prefix}.reward_kwargs.scorer=trainer",
-        f"+{prefix}.reward_kwargs.api_key={KEY}",
         f"+{prefix}.reward_kwargs.error_score=-1.0",
+        f"+{prefix}.reward_kwargs.timeout=30",
+        f"+{prefix}.reward_kwargs.retries=1",
     ]
 
 
@@ -84,13 +87,21 @@ def fingerprint_id(gateway: Proc) -> str:
     return str(answer.json()["fingerprint_id"])
 
 
-def test_reward_loop_worker_scores_a_dataproto(
-    gateway: Proc, tiny_policy: Path, loop: asyncio.AbstractEventLoop
-) -> None:
+@pytest.fixture
+def key_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRM_API_KEY", KEY)
+
+
+def verl_config(config_overrides: list[str]) -> Any:
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        config = compose("ppo_trainer", overrides=overrides(gateway, tiny_policy))
-    worker = RewardLoopWorker(config)
+        return compose("ppo_trainer", overrides=config_overrides)
+
+
+def test_reward_loop_worker_scores_a_dataproto(
+    gateway: Proc, tiny_policy: Path, loop: asyncio.AbstractEventLoop, key_in_env: None
+) -> None:
+    worker = RewardLoopWorker(verl_config(overrides(gateway, tiny_policy)))
     data = batch(AutoTokenizer.from_pretrained(str(tiny_policy)))
 
     outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
@@ -101,17 +112,35 @@ def test_reward_loop_worker_scores_a_dataproto(
     assert 0 <= scores[2] < 1
     assert [e["grm_error"] for e in extra] == [0.0, 1.0, 0.0]
     assert {extra[0]["grm_fingerprint"], extra[2]["grm_fingerprint"]} == {fingerprint_id(gateway)}
-    # verl loaded the adapter from its path and awaited it; its three calls shared one client.
-    module = worker.reward_manager.compute_score.args[0].__globals__
+    # verl loaded the adapter by its pkg:// path and awaited it; its calls shared one client.
+    assert worker.reward_manager.compute_score.args[0] is adapter.compute_score
     assert worker.reward_manager.is_async_reward_score
-    assert len(module["_ASYNC_CLIENTS"][worker.loop]) == 1
-    worker.loop.run_until_complete(module["close_clients"]())
+
+    async def clients() -> int:
+        return microbatch.clients_of_this_loop()
+
+    assert worker.loop.run_until_complete(clients()) == 1
+    worker.loop.run_until_complete(adapter.close_clients())
 
 
-def test_batch_reward_manager_with_compute_score_batch(gateway: Proc, tiny_policy: Path) -> None:
+def test_a_typo_in_reward_kwargs_fails_by_name(
+    gateway: Proc, tiny_policy: Path, loop: asyncio.AbstractEventLoop, key_in_env: None
+) -> None:
+    typo = [o.replace("reward_kwargs.scorer=", "reward_kwargs.scorrer=")
+            for o in overrides(gateway, tiny_policy)]
+    worker = RewardLoopWorker(verl_config(typo))
+
+    with pytest.raises(TypeError, match="scorrer"):
+        worker.loop.run_until_complete(worker.compute_score_batch(
+            batch(AutoTokenizer.from_pretrained(str(tiny_policy)))))
+
+
+def test_batch_reward_manager_with_compute_score_batch(
+    gateway: Proc, tiny_policy: Path, key_in_env: None
+) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_policy))
     score = partial(adapter.compute_score_batch, url=gateway.url, scorer="trainer",
-                    api_key=KEY, error_score=-1.0)
+                    error_score=-1.0)
     manager = BatchRewardManager(tokenizer, num_examine=0, compute_score=score)
 
     answer = manager(batch(tokenizer), return_dict=True)
