@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 from transformers import AutoTokenizer
@@ -93,3 +94,26 @@ def test_without_the_key_openrlhf_gets_no_reward(gateway: Proc, tokenizer: Any) 
                       "4")
 
     assert refused["reward"] is None and refused["extra_logs"] == {}
+
+
+def test_a_special_tokens_list_survives_openrlhfs_comma_split(gateway: Proc,
+                                                                tokenizer: Any) -> None:
+    # train_ppo_ray.py: `args.reward.remote_url = args.reward.remote_url.split(",")`.
+    listed = remote_url(gateway, "scorer=trainer&special_tokens=<|im_end|>+<|endoftext|>")
+    repeated = remote_url(gateway, "scorer=trainer&special_tokens=<|im_end|>"
+                                   "&special_tokens=<|endoftext|>")
+    for url in (listed, repeated):
+        endpoints = url.split(",")
+        assert len(endpoints) == 1
+        executor = SingleTurnAgentExecutor(remote_rm_url=endpoints)
+        prompt = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+        queries = [prompt + "4<|im_end|><|endoftext|>"]
+        (answer,) = asyncio.run(executor._fetch_rewards_via_http(queries, [prompt], ["4"]))
+        assert answer["rewards"] == [1.0], url
+
+
+def test_a_url_openrlhf_would_cut_is_refused(gateway: Proc) -> None:
+    # Posted as a whole (a curl check before training), the comma URL is refused by name.
+    url = remote_url(gateway, "scorer=trainer&special_tokens=<|im_end|>,<|endoftext|>", key=None)
+    answer = httpx.post(url, json={"query": ["4"]}, headers={"authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 400 and "splits --reward.remote_url on commas" in answer.text

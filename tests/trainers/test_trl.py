@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import multiprocessing
+import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 from datasets import Dataset
@@ -57,3 +61,33 @@ def test_grpo_trains_two_steps_with_both_reward_functions(
         failed = [math.isnan(v) for v in per_sample[name]]
         assert failed == ["FAIL" in p for p in prompts], (name, prompts, per_sample[name])
         assert all(0 <= v <= 1 for v in per_sample[name] if not math.isnan(v))
+        # log_extra: each completion's fingerprint id and error in TRL's completions table.
+        errors = list(trainer._logs["extra"][f"{name}/grm_error"])
+        assert [bool(e) for e in errors] == failed
+        assert set(trainer._logs["extra"][f"{name}/grm_fingerprint"]) - {""}
+        # log_metric: the error rate, averaged per logging step (1 of 4 prompts fails).
+        for entry in logged:
+            assert entry[f"{name}/grm_error_rate"] == pytest.approx(0.25)
+
+
+def score_in_child(pickled: bytes, queue: Any) -> None:
+    """What AsyncGRPOTrainer's spawned rollout process does with a reward function."""
+    reward = pickle.loads(pickled)
+    call = reward(prompts=["What is 2+2?", "FAIL"], completions=["4", "4"],
+                  completion_ids=[[1], [1]], reference=["4", "4"])
+    queue.put(asyncio.run(call) if asyncio.iscoroutine(call) else call)
+
+
+def test_reward_functions_survive_async_grpos_spawned_process(gateway: Proc) -> None:
+    # TRL 1.16's AsyncGRPOTrainer needs a vLLM server to start, so its step is done by hand:
+    # pickle the reward functions, unpickle and call them in a `spawn` child.
+    ctx = multiprocessing.get_context("spawn")
+    for reward in (grm_reward(gateway.url, "trainer", api_key=KEY),
+                   async_grm_reward(gateway.url, "trainer", api_key=KEY)):
+        queue = ctx.Queue()
+        child = ctx.Process(target=score_in_child, args=(pickle.dumps(reward), queue))
+        child.start()
+        answer = queue.get(timeout=120)
+        child.join(timeout=30)
+        assert child.exitcode == 0
+        assert answer == [1.0, None]
