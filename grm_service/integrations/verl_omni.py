@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from grm_service.images import sniff_mime
+from grm_service.gateway.request.images import sniff_mime
 from grm_service.integrations.common import (
     KEY_ENV,
     RETRIES,
