@@ -17,7 +17,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 # Where the workers of `serve --workers N` write their values (workers.py sets it for them).
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Up to the longest request the gateway lets run (GRM_REQUEST_TIMEOUT_S, 600 s by default): a
+# reward step stuck on a slow judge must land in a bucket, not only in +Inf.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                    450, 600)
+# A short error text as a label: one line, bounded, so a replica cannot mint unbounded series.
+ERROR_LABEL_CHARS = 160
 
 
 class Metrics:
@@ -65,16 +70,59 @@ class Metrics:
             "grm_score_items", "Scored items, by scorer and status (ok or error): a batch "
             "answered 200 can still hold failed items.", ["scorer", "status"], registry=r,
         )
+        self.score_item_latency = Histogram(
+            "grm_score_item_duration_seconds", "Time to score one item of a /v1/score batch, "
+            "by scorer (every engine call the item needed).", ["scorer"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self._replica_metrics(r)
+        self._queue_metrics(r)
+        self.tokens = Counter(
+            "grm_tokens", "Tokens of answered engine requests (the engine's usage), by kind "
+            "(prompt or completion).", ["kind"], registry=r,
+        )
         self.info = Info("grm_service", "Service identity.", registry=r)
-        self.worker_requests: Gauge | None = None
+        self.worker_requests: Counter | None = None
         self._own = CollectorRegistry()  # what the multiprocess files cannot carry
         if multiprocess_dir is not None:
-            self.worker_requests = Gauge(
-                "grm_worker_requests", "Requests answered by each worker process (its pid is a "
-                "label; updated every second).", ["worker"], registry=r,
-                multiprocess_mode="liveall",
+            self.worker_requests = Counter(
+                "grm_worker_requests", "Requests answered by each worker process of "
+                "`serve --workers N` (updated every second).", ["worker"], registry=r,
             )
             self._own.register(self.info)
+
+    def _replica_metrics(self, r: CollectorRegistry) -> None:
+        self.replica_state = Gauge(
+            "grm_replica_state", "1 for the state each replica is in (starting, checking, "
+            "ready, down, restarting, rejected, stopped), 0 for the others.",
+            ["replica", "state"], registry=r, multiprocess_mode="livemax",
+        )
+        self.replica_error = Gauge(
+            "grm_replica_last_error", "1 for the last reason a replica failed to start or went "
+            "down (the error label: its first line, and the log's last line where there is one); "
+            "0 once a newer reason replaced it.", ["replica", "error"],
+            registry=r, multiprocess_mode="livemax",
+        )
+        self.start_failures = Counter(
+            "grm_replica_start_failures", "Starts (or, for an attached replica, probes) that "
+            "did not bring the replica up, and admissions it failed.", ["replica"], registry=r,
+        )
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        self.queue_depth = Gauge(
+            "grm_queue_depth", "Requests waiting for a free slot on their replica.",
+            registry=r, multiprocess_mode="livesum",
+        )
+        self.queue_wait = Histogram(
+            "grm_queue_wait_seconds", "Time a request waited for its replica slot (only requests "
+            "that found no free slot; the others did not wait).", buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "grm_rejected", "Requests answered 429, by reason (queue_full: GRM_MAX_QUEUE "
+            "requests already waited; queue_timeout: no slot within GRM_QUEUE_TIMEOUT_S).",
+            ["reason"], registry=r,
+        )
 
     def render(self) -> bytes:
         """The exposition text of /metrics: this process's, or every worker's merged."""

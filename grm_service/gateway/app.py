@@ -18,7 +18,13 @@ from grm_service.config import Launcher, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import select_engine
 from grm_service.errors import GrmError, error_body
-from grm_service.gateway.edge import routes_admin, routes_integrations, routes_openai, routes_score
+from grm_service.gateway.edge import (
+    routes_admin,
+    routes_engines,
+    routes_integrations,
+    routes_openai,
+    routes_score,
+)
 from grm_service.gateway.edge.guards import Guards
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.edge.middleware import MetricsMiddleware
@@ -130,11 +136,16 @@ def _replica_side(
 
 
 async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
-    """`grm_worker_requests`: which worker answers how much (off the hot path, every second)."""
+    """`grm_worker_requests`: which worker answers how much (off the hot path, every second:
+    the counter moves by what this process answered since)."""
     assert metrics.worker_requests is not None
-    gauge = metrics.worker_requests.labels(worker=str(worker.index))
+    counter = metrics.worker_requests.labels(worker=str(worker.index))
+    counted = 0.0
     while True:
-        gauge.set(metrics.answered())
+        answered = metrics.answered()
+        if answered > counted:
+            counter.inc(answered - counted)
+            counted = answered
         await asyncio.sleep(1.0)
 
 
@@ -217,6 +228,7 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None,
     app.add_middleware(Guards, settings=settings)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_admin.router)
+    app.include_router(routes_engines.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_score.router)
     app.include_router(routes_integrations.router)

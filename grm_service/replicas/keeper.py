@@ -36,6 +36,7 @@ from grm_service.errors import ConfigError
 from grm_service.metrics import Metrics
 from grm_service.replicas.admission import Admission
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
+from grm_service.replicas.status import ReplicaStatus
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class Keeper:
                  admission: Admission, client: httpx.AsyncClient) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._status = ReplicaStatus(metrics)
         self.admission = admission
         self.pool = ReplicaPool([Replica(name=s.name, url="") for s in sources])
         self._sources = {s.name: s for s in sources}
@@ -190,6 +192,7 @@ class Keeper:
         if self._stopping:
             return
         log.error("replica %s is down: %s", replica.name, why)
+        self._status.error(replica.name, why)
         self._set(replica, ReplicaState.DOWN, why)
         await self._stop_source(source)
 
@@ -243,6 +246,7 @@ class Keeper:
     def _start_failed(self, replica: Replica, message: str) -> None:
         # Once per run of failures: a replica down for an hour must not log every probe.
         log.log(logging.DEBUG if replica.start_failures else logging.ERROR, "%s", message)
+        self._status.start_failed(replica.name, message)
         if replica.state is not ReplicaState.REJECTED:
             self._set(replica, ReplicaState.DOWN, message.splitlines()[0])
         if replica.name not in self._first_failures and replica.restarts == 0:
@@ -269,7 +273,7 @@ class Keeper:
             log.info("replica %s (%s) is %s%s", replica.name, replica.url or "-", state.value,
                      f": {detail.splitlines()[0]}" if detail else "")
         replica.state, replica.detail = state, detail
-        self.metrics.replica_up.labels(replica=replica.name).set(int(state is ReplicaState.READY))
+        self._status.state(replica.name, state)
 
     async def stop(self) -> None:
         """Ordered and bounded: stop watching, then stop every replica in parallel."""

@@ -5,7 +5,8 @@ stack up; this only talks to it over HTTP and drives containers through docker /
 2. An OCR-scored image batch returns per-item and batch fingerprints built from the serving
    replica's own identity: `identity: verified`, its device, and the same fingerprint id from
    both replica containers (also in /v1/fingerprint).
-3. Prometheus has scraped grm_requests_total from the gateway.
+3. Prometheus has scraped grm_requests_total from the gateway, and each replica's engine
+   metrics (vLLM's vllm:*) through the gateway's relay, found by its service discovery.
 4. A replica container cut off the network (half-open connections) is failed over within the
    gateway's ack timeout and serves the same answers once reconnected. A replica container
    killed with `docker kill` is failed over with identical answers and
@@ -165,6 +166,23 @@ def check_prometheus(stack: Stack) -> None:
     raise AssertionError(f"prometheus has no grm_requests_total after 90 s: {series}")
 
 
+def check_engine_metrics(stack: Stack) -> None:
+    """vLLM's own metrics of both replica containers, scraped through the gateway's relay
+    (job grm-engines, targets from its /metrics/targets): the engine's queue and tokens."""
+    deadline = time.monotonic() + 120  # discovery refresh 30 s, then a 15 s scrape
+    found: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        r = httpx.get(stack.prometheus + "/api/v1/query", timeout=10, params={
+            "query": 'sum by (replica) (vllm:prompt_tokens_total{job="grm-engines"})'})
+        series = r.json()["data"]["result"] if r.status_code == 200 else []
+        found = {s["metric"]["replica"]: float(s["value"][1]) for s in series}
+        if set(found) == {"r0", "r1"} and min(found.values()) > 0:
+            log(f"prometheus: scraped vllm:prompt_tokens_total of each engine {found}")
+            return
+        time.sleep(2)
+    raise AssertionError(f"prometheus has no engine metrics of both replicas: {found}")
+
+
 def pick_victim(stack: Stack, before: dict[str, Any]) -> tuple[str, str, str]:
     """The replica that served the most items: its name, service and container."""
     routes = served_by(before)
@@ -296,6 +314,7 @@ def main() -> int:
     check_service_identity(stack, first["fingerprint"]["fingerprint_id"])
     assert score(stack, items)["results"] == first["results"], "a repeated batch changed"
     check_prometheus(stack)
+    check_engine_metrics(stack)
     check_partition(stack, items, first, args.network)
     check_docker_kill(stack, items, first)
     check_crash_restart(stack, items, first)

@@ -227,11 +227,25 @@ cp -r "$model" "$W/models/tiny-vlm"
 chmod -R a+rX "$W/models"
 GW_PORT="$(free_port)"
 PROM_PORT="$(free_port)"
-export GRM_MODELS_DIR="$W/models" GRM_MODEL=/models/tiny-vlm GRM_SERVED_MODEL_NAME=tiny-vlm \
-    GRAFANA_ADMIN_PASSWORD=unused GRM_HTTP_PORT="127.0.0.1:$GW_PORT" \
-    PROMETHEUS_PORT="127.0.0.1:$PROM_PORT"
-log "compose up (project $PROJECT, gateway 127.0.0.1:$GW_PORT, Prometheus 127.0.0.1:$PROM_PORT)"
+# Ports as an operator sets them: the publish address is the compose file's default, 127.0.0.1.
+export GRM_MODELS_DIR="$W/models" GRM_SERVED_MODEL_NAME=tiny-vlm \
+    GRAFANA_ADMIN_PASSWORD=unused GRM_HTTP_PORT="$GW_PORT" PROMETHEUS_PORT="$PROM_PORT"
+COMPOSE_LINE="$COMPOSE -p $PROJECT -f $ROOT/deploy/docker-compose.yml -f $ROOT/deploy/docker-compose.replicas.yml -f $HERE/compose.ci.yml --profile cpu"
+
+# First a start that cannot succeed (a model path that does not exist): monitoring must be up
+# and show it. Then the same project with the real model: the replicas and the gateway are
+# recreated (their settings changed), Prometheus keeps running.
+log "compose up with a missing model (project $PROJECT, gateway 127.0.0.1:$GW_PORT, Prometheus 127.0.0.1:$PROM_PORT)"
+export GRM_MODEL=/models/missing
 STACK_UP=1
+compose up -d --no-build >&2
+"$PY" "$HERE/check_failing.py" --gateway "http://127.0.0.1:$GW_PORT" \
+    --prometheus "http://127.0.0.1:$PROM_PORT" --docker "$DOCKER" --compose "$COMPOSE_LINE" \
+    || { compose logs --no-color --tail 40 >&2; exit 1; }
+lap "failing start watched"
+
+export GRM_MODEL=/models/tiny-vlm
+log "compose up with the model"
 if ! compose up -d --no-build --wait --wait-timeout 600 >&2; then
     compose ps -a >&2
     compose logs --no-color --tail 40 >&2
@@ -241,7 +255,7 @@ lap "compose up (healthy)"
 
 "$PY" "$HERE/check_stack.py" --gateway "http://127.0.0.1:$GW_PORT" \
     --prometheus "http://127.0.0.1:$PROM_PORT" --docker "$DOCKER" \
-    --compose "$COMPOSE -p $PROJECT -f $ROOT/deploy/docker-compose.yml -f $ROOT/deploy/docker-compose.replicas.yml -f $HERE/compose.ci.yml --profile cpu" \
+    --compose "$COMPOSE_LINE" \
     --samples "$ROOT/grm_service/samples" --network "${PROJECT}_default" \
     || { compose logs --no-color --tail 60 >&2; exit 1; }
 lap "stack checks"

@@ -26,7 +26,8 @@ from tests.support.procs import (
 )
 
 MSGS = [{"role": "user", "content": "hello"}]
-_WORKER = re.compile(r'^grm_worker_requests\{pid="(\d+)",worker="(\d+)"\} (\S+)$', re.M)
+_WORKER = re.compile(r'^grm_worker_requests_total\{worker="(\d+)"\} (\S+)$', re.M)
+_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 _CHAT_OK = re.compile(
     r'^grm_requests_total\{replica="r\d",route="/v1/chat/completions",status="200"\} (\S+)$',
     re.M)
@@ -87,16 +88,15 @@ def _published(gw: Proc, chats: int) -> tuple[str, dict[int, float]]:
 
     def caught_up() -> bool:
         texts.append(httpx.get(gw.url + "/metrics", timeout=10).text)
-        return sum(float(v) for *_, v in _WORKER.findall(texts[-1])) >= answered
+        return sum(float(v) for _, v in _WORKER.findall(texts[-1])) >= answered
 
     wait_until(caught_up, f"the workers' own counts reach {answered}")
-    return texts[-1], {int(w): float(v) for _, w, v in _WORKER.findall(texts[-1])}
+    return texts[-1], {int(w): float(v) for w, v in _WORKER.findall(texts[-1])}
 
 
 def _workers(gw: Proc) -> dict[int, int]:
-    """worker index -> pid, as /metrics reports them (refreshed every second by each worker)."""
-    text = httpx.get(gw.url + "/metrics", timeout=10).text
-    return {int(index): int(pid) for pid, index, _ in _WORKER.findall(text)}
+    """worker index -> pid, as the manager logs each start (the latest start of each)."""
+    return {int(index): int(pid) for index, pid in _STARTED.findall(gw.log.read_text())}
 
 
 def test_two_workers_one_replica_set(tmp_path: Path, stubs: list[Proc]) -> None:

@@ -16,6 +16,8 @@ from grm_service.errors import GrmError
 from grm_service.gateway.request.checkpoint import check_json_shape
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
+# Open unless GRM_METRICS_AUTH: the gateway's metrics, and the engines' relayed (routes_engines).
+METRICS_PATHS = frozenset({"/metrics", "/metrics/targets", "/metrics/engine"})
 # Set in the ASGI scope's state: whether the request carried a valid key (or none is needed).
 # Open paths read it to decide how much to show (e.g. /ready's replica details).
 AUTHORIZED = "grm_authorized"
@@ -64,7 +66,7 @@ class Guards:
         self.max_depth = settings.max_json_depth
         self.max_values = settings.max_json_values
         self.keys = [key.encode() for key in settings.all_api_keys()]
-        self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | {"/metrics"}
+        self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | METRICS_PATHS
 
     def _has_key(self, scope: Scope) -> bool:
         if not self.keys:

@@ -38,8 +38,9 @@ async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
     checkpoint.check_sampling(req.sampling, gw.limits)
     checkpoint.check_shared_size("options", req.options)
     check_request(name, scorer, req)
+    timed = gw.metrics.score_item_latency.labels(req.scorer).observe
     answer = await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
-                               gw.identity.fingerprint_id)
+                               gw.identity.fingerprint_id, timed)
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
     count(req.scorer, "ok").inc(len(answer.results) - failed)

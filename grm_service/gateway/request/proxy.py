@@ -93,6 +93,16 @@ class Gateway:
         self.reference = reference
         self.capabilities = capabilities_of(self.settings, reference)
 
+    def count_tokens(self, payload: dict[str, Any]) -> None:
+        """grm_tokens_total from the engine's `usage` (absent on some routes: nothing then)."""
+        usage = payload.get("usage")
+        if not isinstance(usage, dict):
+            return
+        for kind in ("prompt", "completion"):
+            count = usage.get(f"{kind}_tokens")
+            if isinstance(count, int) and count > 0:
+                self.metrics.tokens.labels(kind=kind).inc(count)
+
     def inflight_gauge(self, replica: str) -> Gauge:
         gauge = self._gauges.get(replica)
         if gauge is None:
@@ -174,18 +184,25 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
     """Wait for a slot on the replica, within the queue's size and time bounds."""
     settings = gw.settings
     if gw.queued >= settings.max_queue:
+        gw.metrics.rejected.labels(reason="queue_full").inc()
         raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
     if replica.gate.try_acquire(alone, settings.max_inflight_per_replica):
         return  # a free slot and nobody ahead: no queue entry, no timer
+    metrics = gw.metrics
     gw.queued += 1
+    metrics.queue_depth.inc()
+    started = time.monotonic()
     try:
         async with asyncio.timeout(settings.queue_timeout_s):
             await replica.gate.acquire(alone, settings.max_inflight_per_replica)
     except TimeoutError:
+        metrics.rejected.labels(reason="queue_timeout").inc()
         wait = settings.queue_timeout_s
         raise Overloaded(f"no free slot within {wait:.0f} s: retry later", retry_after=1) from None
     finally:
         gw.queued -= 1
+        metrics.queue_depth.dec()
+        metrics.queue_wait.observe(time.monotonic() - started)
     if not replica.ready:
         # It went down while this request waited for its slot: fail over now.
         await replica.gate.release(alone)
@@ -274,6 +291,7 @@ async def forward(
             _record(gw, replica, ok=False)
             continue
         _record(gw, replica, ok=True)
+        gw.count_tokens(payload)
         forwarded = _answer(gw, replica, body, raw, payload, serialized)
         if audit and gw.auditor is not None and gw.auditor.draw():
             _audit(gw, gw.auditor, path, body, replica, forwarded)
