@@ -107,6 +107,12 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         (passing.clear if request.url.path == "/stub/hold" else passing.set)()
         return JSONResponse({"holding": not passing.is_set()})
 
+    async def metrics(_: Request) -> Response:
+        # A line shaped like vLLM's own /metrics, enough for the gateway's relay of it.
+        text = ("# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="{served_model_name}"}} {held["now"]}\n')
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def engine_version(_: Request) -> JSONResponse:
         return JSONResponse({"version": version})
 
@@ -117,7 +123,8 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         ]})
 
     return Starlette(routes=[
-        Route("/health", health), Route("/version", engine_version), Route("/v1/models", models),
+        Route("/health", health), Route("/version", engine_version), Route("/metrics", metrics),
+        Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/classify", classify, methods=["POST"]),
         Route("/stub/received", seen, methods=["GET", "DELETE"]),

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from grm_service.config import Settings
+from grm_service.gateway.edge import routes_engines
 from grm_service.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,9 @@ DOCKERFILES = [ROOT / "Dockerfile", ROOT / "Dockerfile.cpu"]
 REQUIRED = {"GRM_MODEL", "GRM_SERVED_MODEL_NAME", "GRM_MODELS_DIR", "GRAFANA_ADMIN_PASSWORD"}
 GATEWAYS = {"gateway": "gpu", "gateway-cpu": "cpu"}
 # Dashboard metrics that other work adds to metrics.py; remove a name here once it exists there.
-PENDING_METRICS = {"grm_determinism_violations_total"}
+PENDING_METRICS: set[str] = set()
+BOARD = DEPLOY / "grafana/dashboards/grm-service.json"
+PROVISIONED_SOURCE = DEPLOY / "grafana/provisioning/datasources/prometheus.yml"
 
 
 def tool(name: str) -> str:
@@ -87,12 +90,24 @@ def test_compose_has_each_service_with_a_healthcheck(spec: dict[str, Any]) -> No
         assert services[name]["healthcheck"]["test"] == ["CMD", "grm-entrypoint", "healthcheck"]
 
 
-def test_dependants_wait_for_healthy_services(spec: dict[str, Any]) -> None:
+def test_monitoring_starts_first_and_never_waits_for_the_gateway(spec: dict[str, Any]) -> None:
     services = spec["services"]
     assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
-    prom = services["prometheus"]["depends_on"]
-    assert set(prom) == set(GATEWAYS)
-    assert all(dep == {"condition": "service_healthy", "required": False} for dep in prom.values())
+    assert "depends_on" not in services["prometheus"]
+    for name in GATEWAYS:
+        assert services[name]["depends_on"] == {"prometheus": {"condition": "service_started"}}
+
+
+def test_every_port_is_published_on_loopback_unless_the_operator_says() -> None:
+    for env, host_ip in ((compose_env(), "127.0.0.1"), (compose_env(GRM_PUBLISH_ADDR="0.0.0.0"),
+                                                        "0.0.0.0")):
+        for profile in ("gpu", "cpu"):
+            result = compose("--profile", profile, "config", "--format", "json", env=env)
+            assert result.returncode == 0, result.stderr
+            services = json.loads(result.stdout)["services"]
+            bindings = [p for s in services.values() for p in s.get("ports", [])]
+            assert len(bindings) == 3, bindings  # gateway, Prometheus, Grafana
+            assert all(p["host_ip"] == host_ip for p in bindings), bindings
 
 
 def test_gpu_gateway_reserves_gpus_and_cpu_gateway_does_not(spec: dict[str, Any]) -> None:
@@ -191,26 +206,110 @@ def registry_series() -> set[str]:
     return names
 
 
-def test_prometheus_scrapes_the_gateway_alias(spec: dict[str, Any]) -> None:
-    (job,) = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
-    assert job["metrics_path"] == "/metrics"
-    (target,) = job["static_configs"][0]["targets"]
+def test_prometheus_scrapes_the_gateway_and_the_engines_through_it(spec: dict[str, Any]) -> None:
+    jobs = {j["job_name"]: j for j in
+            yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]}
+    assert set(jobs) == {"grm-service", "grm-engines"}
+    gateway = jobs["grm-service"]
+    assert gateway["metrics_path"] == "/metrics"
+    (target,) = gateway["static_configs"][0]["targets"]
     host, port = target.split(":")
     for name in GATEWAYS:
         assert host in spec["services"][name]["networks"]["default"]["aliases"]
     assert port == spec["x-grm-env"]["GRM_PORT"]
+    # The engines: every replica the gateway knows, listed by the gateway itself.
+    (discovery,) = jobs["grm-engines"]["http_sd_configs"]
+    assert discovery["url"] == f"http://{target}{routes_engines.TARGETS}"
 
 
-def test_grafana_dashboard_uses_the_provisioned_datasource_and_real_metrics() -> None:
-    source = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml")
-                            .read_text())["datasources"][0]
-    board = json.loads((DEPLOY / "grafana/dashboards/grm-service.json").read_text())
-    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
-    assert {p["datasource"]["uid"] for p in board["panels"]} == {source["uid"]}
+def dashboard() -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(BOARD.read_text())
+    return board
+
+
+def queries(board: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+
+
+def vllm_metric_names() -> str:
+    """The source text where the installed vLLM names its metrics (not imported: seconds)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    return (Path(spec.origin).parent / "v1/metrics/loggers.py").read_text()
+
+
+def test_grafana_dashboard_queries_real_metrics() -> None:
+    exprs = queries(dashboard())
     used = {m for e in exprs for m in re.findall(r"\bgrm_[a-z_]+", e)}
     assert {"grm_requests_total", "grm_request_duration_seconds_bucket", "grm_replica_up",
-            "grm_replica_restarts_total", "grm_determinism_violations_total"} <= used
+            "grm_replica_restarts_total", "grm_determinism_violations_total",
+            "grm_replica_state", "grm_replica_last_error", "grm_replica_start_failures_total",
+            "grm_score_items_total", "grm_audits_total", "grm_queue_depth",
+            "grm_queue_wait_seconds_bucket", "grm_rejected_total", "grm_tokens_total",
+            "grm_score_item_duration_seconds_bucket", "grm_backend_failures_total"} <= used
     assert used - registry_series() <= PENDING_METRICS
+    # The engines' own metrics, as the vLLM the images install names them.
+    engine = {m for e in exprs for m in re.findall(r"\bvllm:[a-z_]+", e)}
+    assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:generation_tokens_total"} <= engine
+    source = vllm_metric_names()
+    for name in engine:
+        assert f'"{name.removesuffix("_total")}"' in source, name
+
+
+def _references(value: Any) -> Iterator[str]:
+    """Every `${name}` in any string of the dashboard, at any depth."""
+    if isinstance(value, str):
+        yield from re.findall(r"\$\{([^}:]+)", value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _references(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _references(item)
+
+
+def imported(board: dict[str, Any], inputs: dict[str, str]) -> dict[str, Any]:
+    """What Grafana's /api/dashboards/import makes of the file: each `__inputs` entry must be
+    given (a datasource input by the uid of one of the target's datasources), its `${NAME}`
+    replaced wherever it appears, the rest kept as is."""
+    text = json.dumps(board)
+    for spec in board["__inputs"]:
+        assert spec["type"] in ("datasource", "constant"), spec
+        text = text.replace("${" + spec["name"] + "}", inputs[spec["name"]])
+    out: dict[str, Any] = json.loads(text)
+    out.pop("__inputs"), out.pop("__requires")
+    return out
+
+
+def test_grafana_dashboard_imports_into_any_grafana() -> None:
+    """No datasource uid of ours is written in it: every panel and query reads the `datasource`
+    variable, whose default is the `__inputs` datasource an importer picks."""
+    board = dashboard()
+    assert board["id"] is None and board["uid"] and len(board["uid"]) <= 40
+    (var,) = [v for v in board["templating"]["list"] if v["type"] == "datasource"]
+    assert var["name"] == "datasource" and var["query"] == "prometheus"
+    (ds_input,) = board["__inputs"]
+    assert ds_input["type"] == "datasource" and ds_input["pluginId"] == "prometheus"
+    assert {r["id"] for r in board["__requires"]} >= {"grafana", "prometheus"}
+    source = yaml.safe_load(PROVISIONED_SOURCE.read_text())["datasources"][0]
+    assert source["uid"] not in json.dumps(board)
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    for panel in panels:
+        for holder in (panel, *panel["targets"]):
+            assert holder["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel
+    names = {v["name"] for v in board["templating"]["list"]}
+    builtin = {"__rate_interval", "__interval", "__range"}
+    declared = {i["name"] for i in board["__inputs"]}
+    assert set(_references(board)) <= names | builtin | declared
+    # Imported into a Grafana whose Prometheus has another uid: that uid is the default.
+    other = imported(board, {ds_input["name"]: "kube-prometheus-uid"})
+    (var,) = [v for v in other["templating"]["list"] if v["type"] == "datasource"]
+    assert var["current"]["value"] == "kube-prometheus-uid"
+    assert set(_references(other)) <= names | builtin
+    panel_ids = [p["id"] for p in board["panels"]]
+    assert len(set(panel_ids)) == len(panel_ids)
 
 
 def test_grafana_dashboard_provider_points_at_the_mounted_folder(spec: dict[str, Any]) -> None:
@@ -333,11 +432,16 @@ def test_replicas_overlay_attaches_the_gateway_to_one_container_per_replica() ->
     gateway = services["gateway-cpu"]
     urls = gateway["environment"]["GRM_BACKEND_URLS"].split(",")
     assert urls == [f"http://{name}:8000" for name in replicas]
-    assert gateway["depends_on"] == {name: {"condition": "service_healthy", "required": True}
-                                     for name in replicas}
+    # Started after the replicas but not gated on their health: while a replica cannot start,
+    # the gateway is what reports it (metrics, /ready).
+    assert gateway["depends_on"] == {
+        name: {"condition": "service_started", "required": True}
+        for name in (*replicas, "prometheus")}
     for name in replicas:
         replica = services[name]
         assert replica["command"] == ["backend"] and "ports" not in replica
+        assert replica["depends_on"] == {"prometheus": {"condition": "service_started",
+                                                        "required": True}}
         assert replica["restart"] == "unless-stopped"
         assert replica["healthcheck"]["test"] == ["CMD", "grm-entrypoint", "healthcheck"]
         # Attach mode refuses a replica whose engine differs; the settings must come from one
@@ -372,3 +476,37 @@ def test_cpu_image_engine_stage_takes_the_pin_from_pyproject() -> None:
     text = (ROOT / "Dockerfile.cpu").read_text()
     assert re.search(r"^FROM python:\S+ AS engine$", text, re.M)
     assert 'extras["cpu"]' in text and re.search(r"^FROM engine$", text, re.M)
+
+
+# --- one container per GPU (deploy/docker-compose.gpu-replicas.yml), rendered ---------------
+
+GPU_REPLICAS = DEPLOY / "docker-compose.gpu-replicas.yml"
+
+
+def test_gpu_replicas_layout_reserves_one_gpu_per_replica_and_none_for_the_gateway() -> None:
+    env = compose_env(GRM_SEED="7")
+    result = subprocess.run([compose_binary(), "-f", str(COMPOSE), "-f", str(GPU_REPLICAS),
+                             "--profile", "gpu", "config", "--format", "json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    replicas = sorted(s for s in services if s.startswith("replica-gpu-"))
+    assert set(services) == {"gateway", "prometheus", "grafana", *replicas}
+    assert len(replicas) >= 2
+    gateway = services["gateway"]
+    assert "deploy" not in gateway and gateway["command"] == ["serve"]
+    assert gateway["environment"]["GRM_BACKEND_URLS"].split(",") == [
+        f"http://{name}:8000" for name in replicas]
+    assert gateway["depends_on"] == {name: {"condition": "service_started", "required": True}
+                                     for name in (*replicas, "prometheus")}
+    gpus = []
+    for name in replicas:
+        replica = services[name]
+        assert replica["command"] == ["backend"] and "ports" not in replica
+        assert replica["image"] == gateway["image"]
+        (device,) = replica["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        gpus += device["device_ids"]
+        for key in ENGINE_SETTINGS:
+            assert replica["environment"][key] == gateway["environment"][key], (name, key)
+    assert sorted(gpus) == [str(i) for i in range(len(replicas))]  # each GPU to one replica

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 import httpx
 from fastapi import APIRouter, Depends, Request, Response
 
-from grm_service.gateway.edge.deps import gateway
 from grm_service.errors import UnknownReplica
+from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.request.proxy import Gateway
 
 ENGINE_METRICS = "/metrics/engine"

@@ -1,0 +1,73 @@
+"""The queue in front of each replica, as metrics: depth, wait, and 429s by reason; and the
+engine's token usage counted from answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from grm_service.config import Settings
+from grm_service.errors import Overloaded
+from grm_service.gateway.request import proxy
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.metrics import Metrics
+from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
+
+
+def gateway(**over: float) -> tuple[proxy.Gateway, Replica]:
+    replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
+    gw = proxy.Gateway(settings=Settings(model="/models/m", **over), pool=ReplicaPool([replica]),
+                       client=Upstream(5.0), metrics=Metrics())
+    return gw, replica
+
+
+def value(gw: proxy.Gateway, name: str, **labels: str) -> float:
+    found = gw.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+async def test_a_queued_request_is_counted_while_it_waits_and_its_wait_observed() -> None:
+    gw, replica = gateway(queue_timeout_s=5)
+    await proxy._admit(gw, replica, alone=True)  # holds the only slot: no wait, not observed
+    assert value(gw, "grm_queue_wait_seconds_count") == 0
+    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
+    await asyncio.sleep(0.05)
+    assert value(gw, "grm_queue_depth") == 1
+    await replica.gate.release(True)
+    await waiting
+    assert value(gw, "grm_queue_depth") == 0
+    assert value(gw, "grm_queue_wait_seconds_count") == 1
+    assert value(gw, "grm_queue_wait_seconds_sum") >= 0.04
+
+
+@pytest.mark.parametrize(("over", "reason"), [
+    ({"max_queue": 0}, "queue_full"),
+    ({"queue_timeout_s": 0.05}, "queue_timeout"),
+])
+async def test_each_429_is_counted_by_its_reason(over: dict[str, float], reason: str) -> None:
+    gw, replica = gateway(**over)
+    replica.gate.try_acquire(True)  # the replica is busy
+    with pytest.raises(Overloaded):
+        await proxy._admit(gw, replica, alone=True)
+    assert value(gw, "grm_rejected_total", reason=reason) == 1
+    assert value(gw, "grm_queue_depth") == 0
+
+
+def test_tokens_are_counted_from_the_engines_usage() -> None:
+    gw, _ = gateway()
+    gw.count_tokens({"usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+    gw.count_tokens({"usage": {"prompt_tokens": 2}})
+    gw.count_tokens({"data": []})  # a route without usage: nothing counted, nothing raised
+    gw.count_tokens({"usage": {"prompt_tokens": "x"}})
+    assert value(gw, "grm_tokens_total", kind="prompt") == 9
+    assert value(gw, "grm_tokens_total", kind="completion") == 3
+
+
+def test_latency_buckets_reach_the_request_timeout() -> None:
+    metrics = Metrics()
+    metrics.latency.labels(route="/v1/score").observe(500)
+    timeout = Settings(model="/models/m").request_timeout_s
+    below = metrics.registry.get_sample_value(
+        "grm_request_duration_seconds_bucket", {"route": "/v1/score", "le": str(timeout)})
+    assert below == 1  # a 500 s request lands below the timeout, not only in +Inf
