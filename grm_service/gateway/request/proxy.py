@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from grm_service.canonical import canonical_json
 from grm_service.config import RoutingMode, SerializeMode, Settings
@@ -76,6 +76,7 @@ class Gateway:
 
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
+    _tokens: dict[str, Counter] = field(default_factory=dict, repr=False)
     stamps: Stamps = field(default_factory=Stamps, repr=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +102,10 @@ class Gateway:
         for kind in ("prompt", "completion"):
             count = usage.get(f"{kind}_tokens")
             if isinstance(count, int) and count > 0:
-                self.metrics.tokens.labels(kind=kind).inc(count)
+                counter = self._tokens.get(kind)
+                if counter is None:
+                    counter = self._tokens[kind] = self.metrics.tokens.labels(kind=kind)
+                counter.inc(count)
 
     def inflight_gauge(self, replica: str) -> Gauge:
         gauge = self._gauges.get(replica)
