@@ -39,6 +39,16 @@ sys.exit(0 if code == 200 else 1)
 PY
 }
 
+open_without_keys() {
+    # Compose hands the gateway the address its port is published on (GRM_PUBLISH_ADDR): a
+    # gateway open to the network without keys would be anyone's GPU judge.
+    case "${GRM_PUBLISH_ADDR:-127.0.0.1}" in
+        127.* | localhost | ::1 | "[::1]") return 1 ;;
+    esac
+    [ -z "${GRM_API_KEYS:-}" ] && [ -z "${GRM_API_KEYS_FILE:-}" ] \
+        && [ "${GRM_OPEN_WITHOUT_KEYS:-0}" != 1 ]
+}
+
 case "${1:-serve}" in
     -*) set -- serve "$@" ;;  # options alone: they are serve's
 esac
@@ -53,6 +63,11 @@ case "$command" in
         if [ -z "${GRM_MODEL:-}" ] && [ -z "${GRM_BACKEND_URLS:-}" ] \
             && ! printf '%s\n' "$@" | grep -q -e '^--model' -e '^--backend-url'; then
             die "set GRM_MODEL (a model folder, e.g. /models/my-rm) or GRM_BACKEND_URLS"
+        fi
+        if open_without_keys; then
+            die "published on ${GRM_PUBLISH_ADDR} (GRM_PUBLISH_ADDR) without GRM_API_KEYS: set" \
+                "GRM_API_KEYS (clients send 'Authorization: Bearer KEY'), publish on 127.0.0.1," \
+                "or set GRM_OPEN_WITHOUT_KEYS=1 to serve the network without keys on purpose"
         fi
         ;;
     backend)

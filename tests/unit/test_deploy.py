@@ -125,8 +125,12 @@ def test_required_settings_fail_fast_in_the_file() -> None:
         assert re.search(r"\$\{" + var + r":\?[^}]+\}", text), f"{var} must be ${{{var}:?why}}"
 
 
+# Read by the entrypoint alone (the publish address is compose's, not the service's).
+ENTRYPOINT_ONLY = {"GRM_PUBLISH_ADDR", "GRM_OPEN_WITHOUT_KEYS"}
+
+
 def test_every_grm_variable_is_a_settings_field(spec: dict[str, Any]) -> None:
-    fields = {f"GRM_{name.upper()}" for name in Settings.model_fields}
+    fields = {f"GRM_{name.upper()}" for name in Settings.model_fields} | ENTRYPOINT_ONLY
     used = set(spec["x-grm-env"])
     for dockerfile in DOCKERFILES:
         used |= set(re.findall(r"\b(GRM_[A-Z_]+)=", dockerfile.read_text()))
@@ -347,6 +351,26 @@ def test_entrypoint_refuses_to_start_without_a_model(fake_cli: Path) -> None:
         result = entry(*args, path=fake_cli)
         assert result.returncode == 64, result
         assert "set GRM_MODEL" in result.stderr and not result.stdout
+
+
+@pytest.mark.parametrize(("env", "serves"), [
+    ({"GRM_PUBLISH_ADDR": "0.0.0.0"}, False),
+    ({"GRM_PUBLISH_ADDR": "10.0.0.5"}, False),
+    ({"GRM_PUBLISH_ADDR": "0.0.0.0", "GRM_API_KEYS": "k"}, True),
+    ({"GRM_PUBLISH_ADDR": "0.0.0.0", "GRM_API_KEYS_FILE": "/run/keys"}, True),
+    ({"GRM_PUBLISH_ADDR": "0.0.0.0", "GRM_OPEN_WITHOUT_KEYS": "1"}, True),
+    ({"GRM_PUBLISH_ADDR": "127.0.0.1"}, True),
+    ({}, True),  # `docker run` without compose: the operator chose -p themselves
+])
+def test_entrypoint_refuses_the_network_without_keys(fake_cli: Path, env: dict[str, str],
+                                                     serves: bool) -> None:
+    result = entry(path=fake_cli, GRM_MODEL="/models/rm", **env)
+    assert (result.returncode == 0) is serves, result
+    if not serves:
+        assert result.returncode == 64 and "without GRM_API_KEYS" in result.stderr
+        assert "GRM_OPEN_WITHOUT_KEYS=1" in result.stderr and not result.stdout
+    backend = entry("backend", path=fake_cli, GRM_MODEL="/models/rm", **env)
+    assert backend.returncode == 0, backend  # replicas publish nothing
 
 
 def test_entrypoint_execs_grm_service_on_all_interfaces(fake_cli: Path) -> None:
