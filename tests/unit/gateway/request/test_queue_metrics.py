@@ -32,8 +32,11 @@ async def test_a_queued_request_is_counted_while_it_waits_and_its_wait_observed(
     await proxy._admit(gw, replica, alone=True)  # holds the only slot: no wait, not observed
     assert value(gw, "grm_queue_wait_seconds_count") == 0
     waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):
+        while not gw.queued:  # the task is in the queue
+            await asyncio.sleep(0)
     assert value(gw, "grm_queue_depth") == 1
+    await asyncio.sleep(0.05)
     await replica.gate.release(True)
     await waiting
     assert value(gw, "grm_queue_depth") == 0
