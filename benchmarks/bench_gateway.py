@@ -8,6 +8,8 @@ percentiles, and CPU seconds per request of the contender process, the stubs and
     .venv/bin/python benchmarks/bench_gateway.py                # ~6 min, prints the table
     .venv/bin/python benchmarks/bench_gateway.py --variant fix=/tmp/grm-fix  # + a patched copy
     .venv/bin/python benchmarks/bench_gateway.py --gateway-workers 1 2  # serve --workers 1, 2
+    .venv/bin/python benchmarks/bench_gateway.py --contenders grm-service grm-service-noledger \
+        --concurrency 64 --out ledger-cost            # what recording every answer costs
 
 Writes benchmarks/results/gateway.json (every run) and gateway.md (the summary tables).
 """
@@ -62,6 +64,9 @@ class Contender:
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path]) -> Contender:
     starters: dict[str, Callable[[], procs.Proc]] = {
         "grm-service": lambda: procs.start_grm(f, backends),
+        # The same, its ledger off: recording's cost, measured in the same run.
+        "grm-service-noledger": lambda: procs.start_grm(f, backends, "grm-service-noledger",
+                                                        env_extra={"GRM_LEDGER": "false"}),
         "vllm-router": lambda: procs.start_vllm_router(f, backends),
         "smg": lambda: procs.start_smg(f, backends),
     }

@@ -176,15 +176,18 @@ def start_stub(f: Fleet, index: int, delay: float = 0.0) -> Proc:
 
 
 def start_grm(f: Fleet, backends: list[str], name: str = "grm-service",
-              src: Path | None = None, extra: list[str] | None = None) -> Proc:
+              src: Path | None = None, extra: list[str] | None = None,
+              env_extra: dict[str, str] | None = None) -> Proc:
     """grm-service in attach mode. `src`: a folder holding another `grm_service` package (a
-    patched copy, to measure a proposed change) that is imported instead of the checkout's."""
+    patched copy, to measure a proposed change) that is imported instead of the checkout's.
+    Each one keeps its ledger (and the rest of its work dir) in a folder of its own."""
     port = free_port()
     argv = [str(MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--served-model-name", STUB_MODEL, "--log-level", "warning", "--serialize", "off"]
+            "--served-model-name", STUB_MODEL, "--log-level", "warning", "--serialize", "off",
+            "--work-dir", str(LOG_DIR / f"work-{name}-{port}")]
     for url in backends:
         argv += ["--backend-url", url]
-    env = {"PYTHONPATH": str(src or REPO)}
+    env = {"PYTHONPATH": str(src or REPO), **(env_extra or {})}
     proc = f.spawn(name, argv + (extra or []), f"http://127.0.0.1:{port}", env=env)
     wait_ready(proc, "/ready")
     return proc

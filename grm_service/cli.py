@@ -14,6 +14,8 @@ from pydantic import ValidationError
 
 from grm_service.commands.backend import exec_backend, replica_spec
 from grm_service.commands.demo import demo_command
+from grm_service.commands.ledger import ledger_app
+from grm_service.commands.replay import replay_command
 from grm_service.commands.score import score_command
 from grm_service.commands.verify import diff_command, verify_command
 from grm_service.config import (
@@ -152,6 +154,8 @@ app.command("demo")(demo_command)
 
 app.command("verify")(verify_command)
 app.command("diff")(diff_command)
+app.add_typer(ledger_app, name="ledger")
+app.command("replay")(replay_command)
 
 
 if __name__ == "__main__":

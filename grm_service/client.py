@@ -8,6 +8,8 @@
 Retry-After); any other refusal raises `RequestRejected` at once. Item errors are not exceptions:
 they come back as results with `status == "error"`. A service started with `GRM_API_KEYS` wants
 `api_key=...` (sent as `Authorization: Bearer <key>`); `headers` adds any others (a proxy's).
+`run=...` and `score(..., step=N)` tag the requests on the service's ledger, so that the answers
+behind a training run's rewards can be found, exported and replayed by run and step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from grm_service.headers import RUN_HEADER, STEP_HEADER
 from grm_service.scoring.models import ItemResult, ScoreItem, ScoreResponse
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -66,13 +69,20 @@ class _Retry(Exception):
 
 
 def auth_headers(
-    api_key: str | None, headers: Mapping[str, str] | None = None
+    api_key: str | None, headers: Mapping[str, str] | None = None, run: str | None = None
 ) -> dict[str, str]:
-    """Headers of every request: the extra ones, then the bearer key (which wins)."""
+    """Headers of every request: the extra ones, the run tag, then the bearer key (which
+    wins)."""
     out = dict(headers or {})
+    if run:
+        out[RUN_HEADER] = run
     if api_key:
         out["Authorization"] = f"Bearer {api_key}"
     return out
+
+
+def step_headers(step: int | None) -> dict[str, str]:
+    return {} if step is None else {STEP_HEADER: str(step)}
 
 
 def as_items(items: Iterable[ItemLike]) -> list[ScoreItem]:
@@ -111,12 +121,13 @@ class GrmClient:
         self, url: str, *, batch_size: int = 32, concurrency: int = 4, timeout: float = 900.0,
         retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None,
         api_key: str | None = None, headers: Mapping[str, str] | None = None,
+        run: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.concurrency = batch_size, concurrency
         self.retry = retry or RetryPolicy()
         self._http = httpx.Client(timeout=timeout, transport=transport,
-                                  headers=auth_headers(api_key, headers))
+                                  headers=auth_headers(api_key, headers, run))
 
     def __enter__(self) -> GrmClient:
         return self
@@ -129,23 +140,26 @@ class GrmClient:
 
     def score(
         self, items: Iterable[ItemLike], scorer: str, *, sampling: Mapping[str, Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None, step: int | None = None,
     ) -> list[ItemResult]:
-        """Every item's result, in input order."""
+        """Every item's result, in input order; `step` tags them on the ledger."""
         batches = chunks(as_items(items), self.batch_size)
         with ThreadPoolExecutor(max(1, min(self.concurrency, len(batches)))) as pool:
-            answers = pool.map(lambda b: self.score_batch(b, scorer, sampling, options), batches)
+            answers = pool.map(lambda b: self.score_batch(b, scorer, sampling, options, step),
+                               batches)
             return [result for answer in answers for result in answer.results]
 
     def score_batch(
         self, items: Sequence[ItemLike], scorer: str,
         sampling: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+        step: int | None = None,
     ) -> ScoreResponse:
         """One `POST /v1/score`, retried while the service is busy or unreachable."""
         body = request_body(as_items(items), scorer, sampling, options)
+        tags = step_headers(step)
         for attempt in range(self.retry.attempts):
             try:
-                return parse(self._http.post(self.url + "/v1/score", json=body))
+                return parse(self._http.post(self.url + "/v1/score", json=body, headers=tags))
             except httpx.TransportError as err:
                 reason = _Retry(repr(err))
             except _Retry as err:
@@ -162,12 +176,13 @@ class AsyncGrmClient:
         self, url: str, *, batch_size: int = 32, concurrency: int = 4, timeout: float = 900.0,
         retry: RetryPolicy | None = None, transport: httpx.AsyncBaseTransport | None = None,
         api_key: str | None = None, headers: Mapping[str, str] | None = None,
+        run: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.concurrency = batch_size, concurrency
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient(timeout=timeout, transport=transport,
-                                       headers=auth_headers(api_key, headers))
+                                       headers=auth_headers(api_key, headers, run))
 
     async def __aenter__(self) -> AsyncGrmClient:
         return self
@@ -180,13 +195,13 @@ class AsyncGrmClient:
 
     async def score(
         self, items: Iterable[ItemLike], scorer: str, *, sampling: Mapping[str, Any] | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None, step: int | None = None,
     ) -> list[ItemResult]:
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(batch: list[ScoreItem]) -> ScoreResponse:
             async with gate:
-                return await self.score_batch(batch, scorer, sampling, options)
+                return await self.score_batch(batch, scorer, sampling, options, step)
 
         batches = chunks(as_items(items), self.batch_size)
         answers = await asyncio.gather(*(one(b) for b in batches))
@@ -195,11 +210,14 @@ class AsyncGrmClient:
     async def score_batch(
         self, items: Sequence[ItemLike], scorer: str,
         sampling: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+        step: int | None = None,
     ) -> ScoreResponse:
         body = request_body(as_items(items), scorer, sampling, options)
+        tags = step_headers(step)
         for attempt in range(self.retry.attempts):
             try:
-                return parse(await self._http.post(self.url + "/v1/score", json=body))
+                return parse(await self._http.post(self.url + "/v1/score", json=body,
+                                                   headers=tags))
             except httpx.TransportError as err:
                 reason = _Retry(repr(err))
             except _Retry as err:

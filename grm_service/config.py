@@ -40,6 +40,12 @@ class NondeterminismPolicy(StrEnum):
     SERIALIZE = "serialize"
 
 
+class LedgerBodies(StrEnum):
+    ALL = "all"  # every request's canonical body is kept (replayable)
+    TAGGED = "tagged"  # bodies only of requests that carry a run tag (x-grm-run)
+    NONE = "none"  # digests only: where prompts must not be stored
+
+
 class RoutingMode(StrEnum):
     RENDEZVOUS = "rendezvous"
     LEAST_LOADED = "least-loaded"
@@ -184,6 +190,34 @@ class Settings(BaseSettings):
         "(glibc); 0 = the C library's default. Image requests otherwise fault their buffers "
         "in anew each time.",
     )
+    ledger: bool = Field(True, description="Record every answer in the ledger (ledger/).")
+    ledger_url: str = Field(
+        "", description="Where the ledger lives: a SQLite file path (empty: <work-dir>/"
+        "ledger.sqlite) or a postgresql:// URL shared by several gateways."
+    )
+    ledger_bodies: LedgerBodies = Field(
+        LedgerBodies.ALL, description="Canonical request bodies kept: all | tagged (only "
+        "requests with a run tag) | none (digests only)."
+    )
+    ledger_max_bytes: int = Field(
+        8 << 30, ge=1 << 20, description="Ledger size bound; the oldest records go first."
+    )
+    ledger_max_age_s: float = Field(
+        30 * 86400.0, gt=0, description="Records older than this are dropped."
+    )
+    ledger_flush_interval_s: float = Field(
+        0.5, gt=0, le=60, description="Between batched writes: what a SIGKILL can lose."
+    )
+    ledger_buffer_records: int = Field(
+        50_000, ge=1, description="Records waiting for a write; past it they are dropped "
+        "(and counted): a store that cannot keep up never slows answers."
+    )
+    ledger_cache_chat: bool = Field(
+        False, description="Answer a repeated /v1/chat/completions from the ledger."
+    )
+    ledger_cache_score: bool = Field(
+        True, description="Answer a repeated /v1/score item from the ledger."
+    )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
         description="Replica logs, temp and compile caches.",
@@ -238,6 +272,10 @@ class Settings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model or "default"
+
+    @property
+    def ledger_location(self) -> str:
+        return self.ledger_url or str(self.work_dir / "ledger.sqlite")
 
     @property
     def attach(self) -> bool:

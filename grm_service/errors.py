@@ -8,12 +8,16 @@
     │   ├── UnknownReplica        400  `x-grm-pin-replica` names no replica of this service
     │   ├── FieldNotAllowed       400  a field or content part the checkpoint does not forward
     │   ├── OverLimit             400  a value above an operator cap (n, max_tokens, nesting)
-    │   └── ImageError            400  an inline image that is broken, too big, or a remote URL
+    │   ├── ImageError            400  an inline image that is broken, too big, or a remote URL
+    │   └── BadTag                400  an `x-grm-run` / `x-grm-step` header that is not usable
     ├── TooLarge                  413  more items or JSON values than the operator allows
     ├── Overloaded                429  every replica is at its in-flight limit and the queue is full
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
     ├── BackendRejected           4xx  the engine refused the request; its status and message kept
+    ├── NotFound                  404  a ledger record that does not exist (or is another key's)
+    ├── LedgerUnavailable         ---  the ledger's store failed (full disk, database gone):
+    │                                  counted and logged, never an answer's failure
     └── ConfigError               ---  invalid configuration found at start-up (CLI exits)
 
 Lower-library errors (httpx, json) are translated into this tree where they occur; handlers map the
@@ -68,6 +72,10 @@ class ImageError(InvalidRequest):
     code = "invalid_image"
 
 
+class BadTag(InvalidRequest):
+    code = "bad_tag"
+
+
 class TooLarge(GrmError):
     http_status = 413
     code = "too_large"
@@ -96,6 +104,15 @@ class BackendRejected(GrmError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.http_status = status
+
+
+class NotFound(GrmError):
+    http_status = 404
+    code = "not_found"
+
+
+class LedgerUnavailable(GrmError):
+    code = "ledger_unavailable"
 
 
 class ConfigError(GrmError):

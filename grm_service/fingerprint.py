@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from grm_service.canonical import canonical_json
 
@@ -124,13 +124,14 @@ def fingerprint_id(seed: int, model_hash_value: str, env_digest_value: str) -> s
     return "grm-" + digest(f"{seed}|{model_hash_value}|{env_digest_value}".encode(), 16)
 
 
-def response_digest(payload: Mapping[str, Any]) -> str:
-    """Digest over what the model produced: each choice's content and logprobs, or, for a
-    pooling/classify answer (no choices), its `data`."""
+def produced(payload: Mapping[str, Any]) -> Any:
+    """What the model produced: each choice's content and logprobs, or, for a pooling/classify
+    answer (no choices), its `data`. Everything else of an answer (its id, its time) may differ
+    between two computations of the same request."""
     if "choices" not in payload and "data" in payload:
-        return json_digest(payload["data"])
+        return payload["data"]
     choices = payload.get("choices") or []
-    produced = [
+    return [
         {
             "index": c.get("index"),
             "content": (c.get("message") or {}).get("content", c.get("text")),
@@ -139,7 +140,11 @@ def response_digest(payload: Mapping[str, Any]) -> str:
         for c in choices
         if isinstance(c, dict)
     ]
-    return json_digest(produced)
+
+
+def response_digest(payload: Mapping[str, Any]) -> str:
+    """Digest over what the model produced (`produced`)."""
+    return json_digest(produced(payload))
 
 
 class Identity(BaseModel):
@@ -179,6 +184,9 @@ class Fingerprint(BaseModel):
     serialized: bool
     request_digest: str
     response_digest: str
+    # "hit": answered from the ledger; "coalesced": an identical request's computation in
+    # flight. Absent where the answer was computed for this request.
+    cache: str | None = Field(None, exclude_if=lambda value: value is None)
 
     def headers(self) -> dict[str, str]:
         return fingerprint_headers(vars(self))
@@ -192,4 +200,5 @@ def fingerprint_headers(fields: Mapping[str, Any]) -> dict[str, str]:
         "x-grm-replica": fields["replica"],
         "x-grm-request-digest": fields["request_digest"],
         "x-grm-response-digest": fields["response_digest"],
+        **({"x-grm-cache": fields["cache"]} if fields.get("cache") else {}),
     }

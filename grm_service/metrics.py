@@ -77,6 +77,7 @@ class Metrics:
         )
         self._replica_metrics(r)
         self._queue_metrics(r)
+        self._ledger_metrics(r)
         self.tokens = Counter(
             "grm_tokens", "Tokens of answered engine requests (the engine's usage), by kind "
             "(prompt or completion).", ["kind"], registry=r,
@@ -90,6 +91,20 @@ class Metrics:
                 "`serve --workers N` (updated every second).", ["worker"], registry=r,
             )
             self._own.register(self.info)
+
+    def _ledger_metrics(self, r: CollectorRegistry) -> None:
+        self.ledger_cache = Counter(
+            "grm_ledger_cache", "Cacheable requests, by outcome: hit (answered from the "
+            "ledger), coalesced (an identical request in flight), miss.", ["outcome"],
+            registry=r,
+        )
+        self.ledger_written = Counter(
+            "grm_ledger_written_records", "Answers written to the ledger.", registry=r,
+        )
+        self.ledger_dropped = Counter(
+            "grm_ledger_dropped_records", "Answers the ledger could not keep (store "
+            "unavailable, full disk, buffer full).", registry=r,
+        )
 
     def _replica_metrics(self, r: CollectorRegistry) -> None:
         self.replica_state = Gauge(

@@ -22,6 +22,7 @@ from grm_service.gateway.edge import (
     routes_admin,
     routes_engines,
     routes_integrations,
+    routes_ledger,
     routes_openai,
     routes_score,
 )
@@ -33,6 +34,7 @@ from grm_service.gateway.request.audit import Auditor
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.role import WorkerRole
+from grm_service.ledger.book import Ledger
 from grm_service.metrics import Metrics
 from grm_service.replicas.admission import Admission, OutputCheck
 from grm_service.replicas.canary import Canary
@@ -165,14 +167,17 @@ def _lifespan(
         # With N workers each one audits at 1/N of the rate: the limit holds for the service.
         audit_rate = settings.audit_max_per_s / (worker.count if worker else 1)
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
+        ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
-                     auditor=auditor)
+                     auditor=auditor, ledger=ledger)
         # The reference identity: admission's where the keeper runs, else the snapshot's.
         (side if isinstance(side, Follower) else admission).on_reference(
             lambda ref: _settled(gw, ref))
         app.state.gateway = gw
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
+        if ledger is not None:
+            ledger.start()
         if worker is not None:
             background.append(asyncio.create_task(_count_answered(metrics, worker)))
         try:
@@ -184,6 +189,8 @@ def _lifespan(
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await auditor.close()
+            if ledger is not None:
+                await ledger.close()  # what the drain answered is written before the exit
             await side.stop()
             if close_side is not None:
                 await close_side()
@@ -232,6 +239,7 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None,
     app.include_router(routes_openai.router)
     app.include_router(routes_score.router)
     app.include_router(routes_integrations.router)
+    app.include_router(routes_ledger.router)
     _with_score_schema(app, settings)
     return HotPath(app, settings, lambda: app.state)
 

@@ -15,6 +15,8 @@ from grm_service.scoring.models import ItemResult
 
 URL_ENV = "GRM_SERVICE_URL"
 KEY_ENV = "GRM_API_KEY"
+# The run tag of every adapter's calls on the service's ledger (x-grm-run), where none is given.
+RUN_ENV = "GRM_RUN"
 # One /v1/score batch may take this long, and is tried 1 + RETRIES times while the service is
 # busy or unreachable: a stuck batch holds a trainer's step for minutes, not hours.
 TIMEOUT_S = 300.0
@@ -34,7 +36,8 @@ def service_url(url: str | None) -> str:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A service and how to reach it: URL, API key (bearer), extra headers, batching."""
+    """A service and how to reach it: URL, API key (bearer), extra headers, batching, and the
+    run tag its answers are kept under on the service's ledger."""
 
     url: str
     api_key: str | None = field(default=None, repr=False)  # never in a printed config
@@ -43,6 +46,7 @@ class Endpoint:
     concurrency: int = 4
     timeout: float = TIMEOUT_S
     retries: int = RETRIES
+    run: str | None = None
 
     def _retry(self) -> RetryPolicy:
         return RetryPolicy(attempts=self.retries + 1)
@@ -50,28 +54,35 @@ class Endpoint:
     def client(self) -> GrmClient:
         return GrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
                          batch_size=self.batch_size, concurrency=self.concurrency,
-                         timeout=self.timeout, retry=self._retry())
+                         timeout=self.timeout, retry=self._retry(), run=self.run)
 
     def async_client(self) -> AsyncGrmClient:
         return AsyncGrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),
                               batch_size=self.batch_size, concurrency=self.concurrency,
-                              timeout=self.timeout, retry=self._retry())
+                              timeout=self.timeout, retry=self._retry(), run=self.run)
 
 
 def endpoint(
     url: str | None = None, api_key: str | None = None,
     headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
     timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
+    run: str | None = None,
 ) -> Endpoint:
-    """The endpoint from arguments, falling back to GRM_SERVICE_URL and the key's variable
-    (GRM_API_KEY unless `api_key_env` names another)."""
+    """The endpoint from arguments, falling back to GRM_SERVICE_URL, the key's variable
+    (GRM_API_KEY unless `api_key_env` names another) and GRM_RUN for the run tag."""
     if not timeout > 0:
         raise ScoringError(f"timeout must be a positive number of seconds, not {timeout!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ScoringError(f"retries must be a whole number >= 0, not {retries!r}")
     return Endpoint(service_url(url), api_key or os.environ.get(api_key_env) or None,
                     tuple(sorted((headers or {}).items())), batch_size, concurrency,
-                    float(timeout), retries)
+                    float(timeout), retries, run or os.environ.get(RUN_ENV) or None)
+
+
+def step_of(hooks: Mapping[str, Any]) -> int | None:
+    """The trainer's step where it hands one to reward functions (TRL's `trainer_state`)."""
+    step = getattr(hooks.get("trainer_state"), "global_step", None)
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def no_key_in_config(api_key: str | None, trainer: str) -> None:

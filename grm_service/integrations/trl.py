@@ -28,6 +28,7 @@ from grm_service.integrations.common import (
     endpoint,
     image_of,
     references,
+    step_of,
     text_of,
 )
 from grm_service.scoring.models import ItemResult, ScoreItem
@@ -143,7 +144,7 @@ class GrmReward(_Reward):
         # A client per call, closed after it: one call is a whole generation batch.
         with self.where.client() as client:
             results = client.score(items, self.job.scorer, sampling=self.job.sampling,
-                                   options=self.job.options)
+                                   options=self.job.options, step=step_of(hooks))
         report(results, self.__name__, hooks)
         return rewards(results, self.__name__)
 
@@ -158,7 +159,7 @@ class AsyncGrmReward(_Reward):
         # client belongs to the loop it first ran on; one call is a whole batch anyway.
         async with self.where.async_client() as client:
             results = await client.score(items, self.job.scorer, sampling=self.job.sampling,
-                                         options=self.job.options)
+                                         options=self.job.options, step=step_of(hooks))
         report(results, self.__name__, hooks)
         return rewards(results, self.__name__)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from grm_service.errors import UnknownModel
 from grm_service.gateway.request.proxy import Gateway, forward, prepare
+from grm_service.ledger.records import Origin
 from grm_service.scoring.context import CHAT_PATH, Reply, Send
 
 
@@ -17,12 +18,15 @@ def pooling_body(body: dict[str, Any], model: str) -> dict[str, Any]:
     return {**body, "model": given}
 
 
-def make_send(gw: Gateway) -> Send:
+def make_send(gw: Gateway, origin: Origin | None = None) -> Send:
+    """`origin`: the batch's asker, so that each item's answer is on the ledger."""
+
     async def send(path: str, body: dict[str, Any]) -> Reply:
         if path == CHAT_PATH:
-            forwarded = await forward(gw, path, prepare(body, gw.settings))
+            forwarded = await forward(gw, path, prepare(body, gw.settings), origin=origin)
         else:
-            forwarded = await forward(gw, path, pooling_body(body, gw.settings.model_name))
+            prepared = pooling_body(body, gw.settings.model_name)
+            forwarded = await forward(gw, path, prepared, origin=origin)
         return forwarded.payload, forwarded.fingerprint
 
     return send

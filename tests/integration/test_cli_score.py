@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import RECIPES, attach_args
+from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 from tests.support.scoring import png
 
@@ -27,7 +27,8 @@ N = 48
 def service(vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Proc]:
     with running_gateway(tmp_path_factory.mktemp("cli"),
-                         *attach_args(vlm_backends, RECIPES["vlm"].served)) as gw:
+                         *attach_args(vlm_backends, RECIPES["vlm"].served),
+                         env=COMPUTE_REPEATS) as gw:
         yield gw
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from grm_service.fingerprint import json_digest
-from tests.support.engines import RECIPES, attach_args
+from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 
 pytestmark = pytest.mark.engine
@@ -24,7 +24,7 @@ ITEMS = [{"id": f"c{i}", "prompt": f"question {i}", "completion": "answer " * (i
 def service(classifier_backend: Proc, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Proc]:
     args = attach_args([classifier_backend], RECIPES["classifier"].served)
-    with running_gateway(tmp_path_factory.mktemp("cls"), *args) as gw:
+    with running_gateway(tmp_path_factory.mktemp("cls"), *args, env=COMPUTE_REPEATS) as gw:
         yield gw
 
 

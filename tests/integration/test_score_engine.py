@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from grm_service.client import GrmClient
-from tests.support.engines import RECIPES, attach_args
+from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 from tests.support.scoring import data_url, png, without_replica
 
@@ -38,14 +38,14 @@ def one_replica(
     vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("one")
-    with running_gateway(tmp, *attach_args(vlm_backends[1:], SERVED)) as gw:
+    with running_gateway(tmp, *attach_args(vlm_backends[1:], SERVED), env=COMPUTE_REPEATS) as gw:
         return score(gw.url, ITEMS, len(ITEMS))
 
 
 @pytest.fixture(scope="module")
 def two(vlm_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("two")
-    with running_gateway(tmp, *attach_args(vlm_backends, SERVED)) as gw:
+    with running_gateway(tmp, *attach_args(vlm_backends, SERVED), env=COMPUTE_REPEATS) as gw:
         yield gw
 
 

@@ -39,6 +39,9 @@ from tests.support.procs import Proc, free_port, start_gateway, wait_ready
 
 log = logging.getLogger(__name__)
 
+# The engines, not the ledger, are what the engine tests check: every repeat of a /v1/score item
+# is computed (the cache answers repeats by default; grm_service/ledger/cache.py).
+COMPUTE_REPEATS = {"GRM_LEDGER_CACHE_SCORE": "false"}
 START_TIMEOUT_S = 900  # several engines starting at once on 2 cores, a cold compile cache
 ENGINE_FLAGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512")
 
@@ -157,7 +160,7 @@ class EnginePool:
         args = ["--model", str(ensure_tiny_model("text")), "--replicas", str(recipe.replicas),
                 *recipe.flags()]
         # Audits would re-run requests on the other replica: off, so the load is the tests'.
-        return start_gateway(self.root, *args, env={"GRM_AUDIT_FRACTION": "0"})
+        return start_gateway(self.root, *args, env={"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS})
 
     def service(self) -> Proc:
         """A gateway that launched its two text replicas, every replica ready."""

@@ -6,8 +6,10 @@ from typing import cast
 
 from fastapi import Request
 
+from grm_service.gateway.edge.guards import presented_key
 from grm_service.gateway.request.proxy import Gateway
-from grm_service.headers import PIN_HEADER
+from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
+from grm_service.ledger.records import Origin
 
 
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
@@ -19,3 +21,10 @@ async def gateway(request: Request) -> Gateway:
 async def pinned_replica(request: Request) -> str | None:
     """Routing override for checks that must reach one replica (e.g. `verify`)."""
     return request.headers.get(PIN_HEADER)
+
+
+async def origin(request: Request) -> Origin:
+    """Who asks (the API key's id) and the client's run and step tags, for the ledger."""
+    headers = request.headers
+    token = presented_key(headers.get("authorization", "").encode("latin-1"))
+    return Origin.of(request.url.path, token, headers.get(RUN_HEADER), headers.get(STEP_HEADER))

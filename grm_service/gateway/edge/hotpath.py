@@ -34,12 +34,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from grm_service.config import Settings
 from grm_service.errors import GrmError, error_body
 from grm_service.fingerprint import fingerprint_headers
-from grm_service.gateway.edge.guards import key_ok
+from grm_service.gateway.edge.guards import key_ok, presented_key
 from grm_service.gateway.request import longstrings
 from grm_service.gateway.request.answer import RESPONSE_JSON, render
 from grm_service.gateway.request.checkpoint import check_json_shape
 from grm_service.gateway.request.proxy import Gateway, forward, prepare
-from grm_service.headers import PIN_HEADER
+from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
+from grm_service.ledger.records import Origin
 from grm_service.metrics import Metrics
 from grm_service.scoring.send import pooling_body
 
@@ -47,6 +48,7 @@ CHAT = "/v1/chat/completions"
 CLASSIFY = "/classify"
 _INT64 = 2**63 - 1
 _PIN = PIN_HEADER.encode()
+_RUN, _STEP = RUN_HEADER.encode(), STEP_HEADER.encode()
 
 
 class _NotPlain(Exception):
@@ -145,13 +147,15 @@ def plain_chat(body: Any) -> dict[str, Any]:
 class _Request:
     """The few headers the hot path reads, found in one pass."""
 
-    __slots__ = ("authorization", "content_length", "json", "pin")
+    __slots__ = ("authorization", "content_length", "json", "pin", "run", "step")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.authorization = b""
         self.content_length = -1
         self.json = False
         self.pin: str | None = None
+        self.run: str | None = None
+        self.step: str | None = None
         for key, value in headers:
             if key == b"content-type":
                 self.json = value.split(b";", 1)[0].strip().lower() == b"application/json"
@@ -161,6 +165,13 @@ class _Request:
                 self.authorization = value
             elif key == _PIN:
                 self.pin = value.decode("latin-1")
+            elif key == _RUN:
+                self.run = value.decode("latin-1")
+            elif key == _STEP:
+                self.step = value.decode("latin-1")
+
+    def origin(self, route: str) -> Origin:
+        return Origin.of(route, presented_key(self.authorization), self.run, self.step)
 
 
 Headers = list[tuple[bytes, bytes]]
@@ -230,7 +241,8 @@ class HotPath:
                 prepared = prepare(plain_chat(body), gw.settings)
             else:
                 prepared = _pooling(body, gw)
-            answer = await forward(gw, path, prepared, head.pin, lifted=lifted)
+            answer = await forward(gw, path, prepared, head.pin, lifted=lifted,
+                                   origin=head.origin(path))
         except _NotPlain:
             return None
         except GrmError as err:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from grm_service.errors import InvalidRequest
-from grm_service.gateway.edge.deps import gateway
+from grm_service.gateway.edge.deps import gateway, origin
 from grm_service.gateway.edge.routes_score import run_score
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.integrations.openrlhf import (
@@ -18,15 +18,18 @@ from grm_service.integrations.openrlhf import (
     to_items,
     to_response,
 )
+from grm_service.ledger.book import SCORE_ROUTE
+from grm_service.ledger.records import Origin
 from grm_service.scoring.models import ScoreRequest
 
 router = APIRouter()
 GatewayDep = Annotated[Gateway, Depends(gateway)]
+OriginDep = Annotated[Origin, Depends(origin)]
 
 
 @router.post("/openrlhf/reward")
 async def openrlhf_reward(
-    req: RewardRequest, gw: GatewayDep, http: Request,
+    req: RewardRequest, gw: GatewayDep, http: Request, asker: OriginDep,
     scorer: Annotated[str, Query(description="Registered scorer to use.")] = "judge",
     error_reward: Annotated[
         float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).",
@@ -48,5 +51,7 @@ async def openrlhf_reward(
         request = ScoreRequest(scorer=scorer, items=to_items(req, special_tokens))
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
-    answer = await run_score(gw, request)
+    # The trainer's tags come as headers (x-grm-run, x-grm-step), where its client sends them.
+    answer = await run_score(gw, request, Origin(SCORE_ROUTE, asker.key_id, asker.run,
+                                                 asker.step))
     return to_response(answer.results, error_reward)

@@ -8,21 +8,24 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from grm_service.fingerprint import fingerprint_headers
-from grm_service.gateway.edge.deps import gateway, pinned_replica
+from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
 from grm_service.gateway.edge.schemas import ChatCompletionRequest
 from grm_service.gateway.request.answer import wrap
 from grm_service.gateway.request.proxy import Gateway, forward, prepare
+from grm_service.ledger.records import Origin
 
 router = APIRouter()
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 PinDep = Annotated[str | None, Depends(pinned_replica)]
+OriginDep = Annotated[Origin, Depends(origin)]
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep) -> JSONResponse:
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep,
+                           asker: OriginDep) -> JSONResponse:
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
-    forwarded = await forward(gw, "/v1/chat/completions", body, pin)
+    forwarded = await forward(gw, "/v1/chat/completions", body, pin, origin=asker)
     return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))
 
 

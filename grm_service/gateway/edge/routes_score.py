@@ -9,11 +9,12 @@ from fastapi.responses import JSONResponse
 
 from grm_service.errors import TooLarge
 from grm_service.fingerprint import fingerprint_headers
-from grm_service.gateway.edge.deps import gateway, pinned_replica
+from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
 from grm_service.gateway.edge.score_body import read_score_request
 from grm_service.gateway.request import checkpoint
 from grm_service.gateway.request.answer import wrap
 from grm_service.gateway.request.proxy import Gateway, forward
+from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
@@ -24,9 +25,10 @@ router = APIRouter()
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 PinDep = Annotated[str | None, Depends(pinned_replica)]
+OriginDep = Annotated[Origin, Depends(origin)]
 
 
-async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
+async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None) -> ScoreResponse:
     """Request-level checks (400/413 before any item runs), then the batch."""
     cap = gw.settings.max_score_items
     if len(req.items) > cap:
@@ -39,7 +41,7 @@ async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
     checkpoint.check_shared_size("options", req.options)
     check_request(name, scorer, req)
     timed = gw.metrics.score_item_latency.labels(req.scorer).observe
-    answer = await score_batch(req, scorer, make_send(gw), gw.settings.score_concurrency,
+    answer = await score_batch(req, scorer, make_send(gw, asker), gw.settings.score_concurrency,
                                gw.identity.fingerprint_id, timed)
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
@@ -49,12 +51,12 @@ async def run_score(gw: Gateway, req: ScoreRequest) -> ScoreResponse:
 
 
 @router.post("/v1/score", response_model=ScoreResponse)
-async def score(request: Request, gw: GatewayDep) -> Response:
+async def score(request: Request, gw: GatewayDep, asker: OriginDep) -> Response:
     """Score a batch; results come back in input order, each with its fingerprint.
 
     The body is a `ScoreRequest` (schema: `score_body.add_score_schema`), read in chunks."""
     req = await read_score_request(request, gw.settings.max_score_items)
-    answer = await run_score(gw, req)
+    answer = await run_score(gw, req, asker)
     # pydantic-core serializes in one pass; FastAPI's response_model path would validate and
     # encode every result again (seconds, on the event loop, for a batch of thousands).
     return Response(answer.model_dump_json(), media_type="application/json")
@@ -62,9 +64,9 @@ async def score(request: Request, gw: GatewayDep) -> Response:
 
 @router.post("/classify")
 async def classify(
-    body: Annotated[dict[str, Any], Body()], gw: GatewayDep, pin: PinDep
+    body: Annotated[dict[str, Any], Body()], gw: GatewayDep, pin: PinDep, asker: OriginDep
 ) -> JSONResponse:
     """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
     prepared = pooling_body(body, gw.settings.model_name)
-    forwarded = await forward(gw, "/classify", prepared, pin)
+    forwarded = await forward(gw, "/classify", prepared, pin, origin=asker)
     return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))

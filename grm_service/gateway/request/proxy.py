@@ -30,6 +30,8 @@ from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.gateway.request.audit import Auditor
 from grm_service.gateway.request.upstream import Upstream
+from grm_service.ledger.book import Ledger
+from grm_service.ledger.records import Origin
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import PENDING, capabilities_of, describe
 from grm_service.replicas.pool import Replica, ReplicaPool
@@ -68,6 +70,7 @@ class Gateway:
     client: Upstream
     metrics: Metrics
     auditor: Auditor | None = None
+    ledger: Ledger | None = None
     capabilities: Capabilities = PENDING
     reference: ReplicaIdentity | None = None
     draining: bool = False
@@ -267,16 +270,42 @@ def _engine_message(payload: Any) -> str:
 
 async def forward(
     gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True,
-    lifted: longstrings.Lifted | None = None,
+    lifted: longstrings.Lifted | None = None, origin: Origin | None = None,
 ) -> Forwarded:
     """Check a prepared body, send it to its replica, fail over along the rendezvous order.
-    `lifted`: the body's long strings as the client sent them (`longstrings.loads`)."""
+    `lifted`: the body's long strings as the client sent them (`longstrings.loads`). With an
+    `origin` (a client's request, not an audit's) the answer goes through the ledger."""
     if gw.draining:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     inline = await check(gw, path, body, lifted)
     # Once: the routing key and the request digest share it. Inline images are long strings.
     raw: Body = (longstrings.canonical_parts(body, lifted) if inline
                  else [canonical_json(body)])
+    if gw.ledger is None or origin is None:
+        return await _send(gw, path, body, raw, pin, audit)
+    forwarded, how = await gw.ledger.answer(
+        path, raw, origin, _expected_id(gw, body), lambda: _send(gw, path, body, raw, pin, audit),
+        served, cacheable=pin is None)  # a pinned request asks that replica, not the record
+    if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
+        _audit(gw, gw.auditor, path, body, None, forwarded)
+    return forwarded
+
+
+def served(payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
+    """A recorded answer served again (`fields` marked by the ledger): rendered whole."""
+    return Forwarded(payload, fields)
+
+
+def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
+    """The fingerprint id the service's replicas would stamp on this body's answer."""
+    if gw.reference is None:
+        return None
+    seed = body.get("seed")
+    return gw.reference.fingerprint_id(gw.settings.seed if seed is None else seed)
+
+
+async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
+                audit: bool) -> Forwarded:
     order = route(gw, router.key_of_parts(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
@@ -303,11 +332,14 @@ async def forward(
     raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
 
 
-def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any], replica: Replica,
-           forwarded: Forwarded) -> None:
+def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any],
+           replica: Replica | None, forwarded: Forwarded) -> None:
+    """Re-run on another replica of the same identity; `replica` None: a ledger hit, re-run on
+    any replica of the service's identity (a cache that went wrong is caught the same way)."""
     # Only replicas claiming the same identity can be held to the same bits.
+    ident = replica.identity if replica is not None else gw.reference
     others = [r.name for r in gw.pool.ready()
-              if r.name != replica.name and r.identity == replica.identity]
+              if (replica is None or r.name != replica.name) and r.identity == ident]
     other = auditor.choose(others)
     if other is not None:
         auditor.start(path, body, forwarded.fingerprint, other, functools.partial(_rerun, gw))

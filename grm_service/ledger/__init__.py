@@ -1,0 +1,14 @@
+"""The reward ledger: every answer on record, read back, replayed, and repeated from the record.
+
+    records.py   Origin (who asked: key id, run, step) and Record (one answered request)
+    store.py     the Store every backend implements, and `open_store(location)`
+    sqlite.py    the embedded default: one SQLite file in WAL mode, owner-only
+    postgres.py  several gateways sharing one ledger (psycopg 3)
+    writer.py    batched writes off the event loop; drops counted, never an answer's failure
+    cache.py     an identical request answered from the record, identical ones in flight once
+    book.py      the Ledger: the one object the request path talks to (`Ledger.answer`)
+    query.py     reading it back (CLI, `GET /v1/ledger/...`, `grm-service replay`)
+
+The request path hooks in at one point, `proxy.forward`, with the request's canonical body in
+hand: the routing key and the request digest come from the same bytes the ledger keys on.
+"""

@@ -1,0 +1,146 @@
+"""The Ledger: what the request path calls, once per answered request (`answer`).
+
+    ledger = Ledger(settings, metrics)         # the lifespan; ledger.start() / await close()
+    answer, how = await ledger.answer(path, raw, origin, expected_id, compute, serve, cacheable)
+
+`how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
+Every answer is recorded, hits included; the cache applies per the client route's policy:
+`/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from grm_service.config import LedgerBodies, Settings
+from grm_service.errors import LedgerUnavailable
+from grm_service.fingerprint import parts_digest
+from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
+from grm_service.ledger.location import open_store
+from grm_service.ledger.records import Origin, Record
+from grm_service.ledger.store import Store
+from grm_service.ledger.writer import Writer
+from grm_service.metrics import Metrics
+
+T = TypeVar("T")
+# The answer's JSON as stored: the options of the answers the gateway renders.
+_PAYLOAD_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+SCORE_ROUTE = "/v1/score"
+CHAT_ROUTE = "/v1/chat/completions"
+
+
+class Ledger:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        location = settings.ledger_location
+        bounds = (settings.ledger_max_bytes, settings.ledger_max_age_s)
+        self.writer = Writer(partial(open_store, location), settings.ledger_flush_interval_s,
+                             settings.ledger_buffer_records, bounds, metrics.ledger_written,
+                             metrics.ledger_dropped)
+        self._reader_store: Store | None = None
+        self._location = location
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="grm-ledger-reader")
+        self.recent = Recent()
+        self.inflight = InFlight()
+        self._closed = False
+        self._outcomes = {how: metrics.ledger_cache.labels(outcome=how)
+                          for how in ("hit", "coalesced", "miss")}
+
+    def start(self) -> None:
+        self.writer.start()
+
+    async def close(self) -> None:
+        """Write what is buffered and close both connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.writer.close()
+        await asyncio.get_running_loop().run_in_executor(self._reader, self._close_reader)
+        self._reader.shutdown()
+
+    def cacheable(self, origin: Origin) -> bool:
+        if origin.route == SCORE_ROUTE:
+            return self.settings.ledger_cache_score
+        return origin.route == CHAT_ROUTE and self.settings.ledger_cache_chat
+
+    async def answer(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
+                     expected_id: str | None, compute: Compute[A], serve: Serve[A],
+                     cacheable: bool) -> tuple[A, str]:
+        """The answer to one checked request (`raw`: its canonical body), recorded. `serve`
+        makes an answer of a recorded payload and fingerprint (a hit, a coalesced one)."""
+        if not cacheable or expected_id is None or not self.cacheable(origin):
+            computed = await compute()
+            self._record(path, raw, origin, computed, "")
+            return computed, ""
+        key: Key = (expected_id, parts_digest(raw), path)
+        answer, how = await self._cached(key, compute, serve)
+        self._outcomes[how or "miss"].inc()
+        self._record(path, raw, origin, answer, how)
+        return answer, how
+
+    async def _cached(self, key: Key, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
+        found = self.recent.get(key)
+        if found is None:
+            record = await self._lookup(key)
+            if record is not None:
+                found = (json.loads(record.payload), record.fields)
+        if found is not None:
+            return marked(serve, *found, "hit"), "hit"
+        answer, coalesced = await self.inflight.once(key, compute)
+        if coalesced:
+            return marked(serve, answer.payload, answer.fields, "coalesced"), "coalesced"
+        if answer.fields["fingerprint_id"] == key[0]:
+            self.recent.put(key, answer)
+        return answer, ""
+
+    async def _lookup(self, key: Key) -> Record | None:
+        try:
+            return await self.read(lambda store: store.lookup(*key))
+        except LedgerUnavailable:
+            return None  # the store is down: compute it (the writer counts and logs)
+
+    def _record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
+                answer: Answer, how: str) -> None:
+        bodies = self.settings.ledger_bodies
+        keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
+        self.writer.add(partial(_record, time.time(), path, list(raw) if keep else None, origin,
+                                answer.payload, answer.fields, how))
+
+    async def read(self, query: Callable[[Store], T]) -> T:
+        """Run `query` on the reader's thread, with its own connection (never the loop's)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, self._on_reader, query)
+
+    def _on_reader(self, query: Callable[[Store], T]) -> T:
+        if self._reader_store is None:
+            self._reader_store = open_store(self._location)
+        return query(self._reader_store)
+
+    def _close_reader(self) -> None:
+        if self._reader_store is not None:
+            self._reader_store.close()
+            self._reader_store = None
+
+    def report(self) -> dict[str, Any]:
+        return {"location": _shown(self._location), **self.writer.report()}
+
+
+def _record(at: float, path: str, raw: list[bytes | memoryview] | None, origin: Origin,
+            payload: dict[str, Any], fields: dict[str, Any], how: str) -> Record:
+    """On the writer's thread: the record, encoded."""
+    return Record(at, origin, path, fields["fingerprint_id"], fields["request_digest"],
+                  fields["response_digest"], None if raw is None else b"".join(raw),
+                  _PAYLOAD_JSON.encode(payload).encode(), fields, how)
+
+
+def _shown(location: str) -> str:
+    """A location fit to show: a postgresql:// URL without its credentials."""
+    scheme, sep, rest = location.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else location

@@ -1,0 +1,93 @@
+"""An identical request answered once: from the record, or by the computation in flight.
+
+The key is (fingerprint id, request digest, engine path): the fingerprint id names the seed, the
+model's files and the numerics environment, so a new model, engine or env never matches a record
+of the old one. Recent answers are kept in memory (`Recent`); older ones are looked up in the
+store, on the reader's thread. An answer is whatever the request path makes of an engine's
+payload and its fingerprint fields (`Answer`): the ledger keeps those two, nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+Key = tuple[str, str, str]
+
+
+class Answer(Protocol):
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+    @property
+    def fields(self) -> dict[str, Any]: ...
+
+
+A = TypeVar("A", bound=Answer)
+Compute = Callable[[], Awaitable[A]]
+# How the request path serves a recorded payload and its (marked) fingerprint fields.
+Serve = Callable[[dict[str, Any], dict[str, Any]], A]
+_RECENT = 2048
+
+
+def marked(serve: Serve[A], payload: dict[str, Any], fields: dict[str, Any], how: str) -> A:
+    """A recorded answer as served again: the recorded payload and fingerprint, marked."""
+    return serve(payload, {**fields, "cache": how})
+
+
+class Recent:
+    """The last answers computed here, by key (a bounded LRU)."""
+
+    def __init__(self, size: int = _RECENT) -> None:
+        self.size = size
+        self._items: OrderedDict[Key, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+
+    def get(self, key: Key) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: Key, answer: Answer) -> None:
+        self._items[key] = (answer.payload, answer.fields)
+        self._items.move_to_end(key)
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+class InFlight:
+    """Identical requests in flight at once: the first computes, the others wait for it."""
+
+    def __init__(self) -> None:
+        self._running: dict[Key, asyncio.Future[Any]] = {}
+
+    async def once(self, key: Key, compute: Compute[A]) -> tuple[A, bool]:
+        """The answer, and whether it was another request's computation (coalesced)."""
+        running = self._running.get(key)
+        if running is not None:
+            await asyncio.wait({running})  # raises only if this request itself is cancelled
+            if not running.cancelled():
+                answer: A = running.result()
+                return answer, True
+            # The first one's client went away: compute it here.
+        return await self._lead(key, compute), False
+
+    async def _lead(self, key: Key, compute: Compute[A]) -> A:
+        future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        try:
+            answer = await compute()
+        except Exception as err:
+            future.set_exception(err)
+            future.exception()  # retrieved: nobody may be waiting
+            raise
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            if self._running.get(key) is future:
+                del self._running[key]
+        future.set_result(answer)
+        return answer

@@ -1,0 +1,75 @@
+"""The ledger read back: the views the CLI, `GET /v1/ledger/...` and `replay` show.
+
+An export row is what `grm-service diff` reads: `id` (the request digest, `#n` on its n-th
+repeat in the file), `status`, `score` (none: the ledger keeps answers, a scorer's score is the
+trainer's), `response` (what the model produced) and the `fingerprint`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from grm_service.fingerprint import produced
+from grm_service.ledger.records import Record
+from grm_service.ledger.store import Selection, Store
+
+PAGE = 500
+_INT64 = 2**63 - 1  # a step is a 64-bit integer column
+
+
+def parse_steps(text: str | None) -> tuple[int | None, int | None]:
+    """`a:b` (both included), `a:`, `:b` or `a`; ValueError naming the form otherwise."""
+    if not text:
+        return None, None
+    low, sep, high = text.partition(":")
+    try:
+        first = int(low) if low else None
+        last = (int(high) if high else None) if sep else first
+    except ValueError:
+        raise ValueError(f"steps {text!r}: expected a:b, a:, :b or a (integers)") from None
+    if any(step is not None and not 0 <= step <= _INT64 for step in (first, last)):
+        raise ValueError(f"steps {text[:60]!r}: each step is between 0 and {_INT64}")
+    if first is not None and last is not None and last < first:
+        raise ValueError(f"steps {text!r}: the last step is before the first")
+    return first, last
+
+
+def summary(record: Record) -> dict[str, Any]:
+    o = record.origin
+    return {"id": record.id, "at": record.at, "run": o.run or "", "step": o.step,
+            "route": o.route, "path": record.path, "fingerprint_id": record.fingerprint_id,
+            "request_digest": record.request_digest, "response_digest": record.response_digest,
+            "cache": record.cache, "body_kept": record.body is not None}
+
+
+def detail(record: Record) -> dict[str, Any]:
+    """One request whole: its body (as sent to the engine), its answer and fingerprint."""
+    return {**summary(record),
+            "request": None if record.body is None else json.loads(record.body),
+            "answer": json.loads(record.payload), "fingerprint": record.fields}
+
+
+def all_records(store: Store, selection: Selection) -> Iterator[Record]:
+    """Every selected record, a page at a time."""
+    after = 0
+    while True:
+        page = store.records(selection, PAGE, after)
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1].id or after
+
+
+def export_rows(records: Iterable[Record],
+                seen: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+    """`seen`: repeats counted so far (pass the same dict for every page of one export)."""
+    seen = {} if seen is None else seen
+    for record in records:
+        n = seen.get(record.request_digest, 0)
+        seen[record.request_digest] = n + 1
+        yield {"id": record.request_digest + (f"#{n}" if n else ""), "status": "ok",
+               "score": None, "response": produced(json.loads(record.payload)),
+               "fingerprint": record.fields, "run": record.origin.run or "",
+               "step": record.origin.step, "record": record.id}

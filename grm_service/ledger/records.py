@@ -1,0 +1,80 @@
+"""What the ledger keeps of one answered request, and who asked for it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grm_service.errors import BadTag
+from grm_service.fingerprint import digest
+from grm_service.headers import RUN_HEADER, STEP_HEADER
+
+_MAX_RUN = 200
+_MAX_STEP = 2**63 - 1
+
+
+def key_id(token: bytes | None) -> str:
+    """A digest of the presented API key (never the key): "" where none was presented."""
+    return "key-" + digest(token, 16) if token else ""
+
+
+def parse_run(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if len(raw) > _MAX_RUN or not raw.isprintable():
+        raise BadTag(f"{RUN_HEADER} must be printable and at most {_MAX_RUN} characters")
+    return raw
+
+
+def parse_step(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or int(raw) > _MAX_STEP:
+        raise BadTag(f"{STEP_HEADER} must be a non-negative integer, not {raw[:40]!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who asked, and under which tags; `route` is the client's route (the cache's policy)."""
+
+    route: str
+    key_id: str = ""
+    run: str | None = None
+    step: int | None = None
+
+    @classmethod
+    def of(cls, route: str, token: bytes | None, run: str | None, step: str | None) -> Origin:
+        """From the request's presented key (`guards.presented_key`) and tag headers."""
+        return cls(route, key_id(token), parse_run(run), parse_step(step))
+
+
+@dataclass
+class Record:
+    """One answered request. `body` is the canonical request as sent to the engine (None:
+    digests only); `payload` the engine's answer as JSON bytes; `fields` the fingerprint."""
+
+    at: float
+    origin: Origin
+    path: str
+    fingerprint_id: str
+    request_digest: str
+    response_digest: str
+    body: bytes | None
+    payload: bytes
+    fields: dict[str, Any]
+    cache: str = ""  # "", "hit" or "coalesced"
+    id: int | None = field(default=None, compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.body or b"") + len(self.payload) + 400
+
+    def fields_json(self) -> str:
+        return json.dumps(self.fields, separators=(",", ":"))
+
+
+def joined(parts: Sequence[bytes | memoryview]) -> bytes:
+    return b"".join(parts)

@@ -1,0 +1,169 @@
+"""The ledger's storage: one table, the same SQL on SQLite and PostgreSQL.
+
+Every method runs on the caller's thread and blocks (the writer and the reader call them on
+their own worker threads, never on the event loop). A failure of the store underneath (a full
+disk, a database gone) is raised as `LedgerUnavailable`, whatever the library's error was.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grm_service.ledger.records import Origin, Record
+
+COLUMNS = ("at", "key_id", "run", "step", "route", "path", "fingerprint_id", "request_digest",
+           "response_digest", "body", "payload", "fields", "cache", "size")
+_SELECT = "SELECT id, " + ", ".join(COLUMNS) + " FROM ledger"
+# Deleted in chunks: one statement over millions of rows would hold the write lock for long.
+_PRUNE_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which records: all of them, or those of one key, run, step range, request."""
+
+    key_id: str | None = None  # None: every key's (the operator's own tools)
+    run: str | None = None  # None: any run; "": untagged requests
+    first_step: int | None = None
+    last_step: int | None = None
+    request_digest: str | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        terms: list[str] = ["1=1"]
+        params: list[Any] = []
+        for column, value in (("key_id", self.key_id), ("run", self.run),
+                              ("request_digest", self.request_digest)):
+            if value is not None:
+                terms.append(f"{column} = ?")
+                params.append(value)
+        if self.first_step is not None:
+            terms.append("step >= ?")
+            params.append(self.first_step)
+        if self.last_step is not None:
+            terms.append("step <= ?")
+            params.append(self.last_step)
+        return " AND ".join(terms), params
+
+
+def row_values(record: Record) -> tuple[Any, ...]:
+    o = record.origin
+    return (record.at, o.key_id, o.run or "", o.step, o.route, record.path,
+            record.fingerprint_id, record.request_digest, record.response_digest, record.body,
+            record.payload, record.fields_json(), record.cache, record.size)
+
+
+def from_row(row: Sequence[Any]) -> Record:
+    (rid, at, key, run, step, route, path, fp_id, req, resp, body, payload, fields, cache,
+     _size) = row
+    return Record(at, Origin(route, key, run or None, step), path, fp_id, req, resp,
+                  None if body is None else bytes(body), bytes(payload), json.loads(fields),
+                  cache, rid)
+
+
+class Store(ABC):
+    """One ledger table; `placeholder` is the driver's parameter mark."""
+
+    placeholder = "?"
+
+    @abstractmethod
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement (committed) and return its rows."""
+
+    @abstractmethod
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement per row, in one transaction."""
+
+    @abstractmethod
+    def used_bytes(self) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def _sql(self, sql: str) -> str:
+        return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._run(self._sql(sql), params)
+
+    def write(self, records: Sequence[Record]) -> None:
+        marks = ", ".join("?" * len(COLUMNS))
+        sql = f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks})"
+        self._run_many(self._sql(sql), [row_values(r) for r in records])
+
+    def lookup(self, fingerprint_id: str, request_digest: str, path: str) -> Record | None:
+        """The newest computed (not itself cached) answer to this request by this identity."""
+        rows = self.query(f"{_SELECT} WHERE fingerprint_id = ? AND request_digest = ? AND "
+                          "path = ? AND cache = '' ORDER BY id DESC LIMIT 1",
+                          (fingerprint_id, request_digest, path))
+        return from_row(rows[0]) if rows else None
+
+    def records(self, selection: Selection, limit: int = 1000, after: int = 0) -> list[Record]:
+        """In the order they were answered, `limit` at a time after record id `after`."""
+        where, params = selection.where()
+        rows = self.query(f"{_SELECT} WHERE {where} AND id > ? ORDER BY id LIMIT ?",
+                          [*params, after, limit])
+        return [from_row(row) for row in rows]
+
+    def record(self, record_id: int, key_id: str | None = None) -> Record | None:
+        where, params = Selection(key_id=key_id).where()
+        rows = self.query(f"{_SELECT} WHERE {where} AND id = ?", [*params, record_id])
+        return from_row(rows[0]) if rows else None
+
+    def runs(self, key_id: str | None = None) -> list[dict[str, Any]]:
+        where, params = Selection(key_id=key_id).where()
+        rows = self.query("SELECT run, COUNT(*), MIN(step), MAX(step), MIN(at), MAX(at), "
+                          f"SUM(CASE WHEN cache = '' THEN 0 ELSE 1 END) FROM ledger WHERE {where} "
+                          "GROUP BY run ORDER BY MIN(id)", params)
+        return [{"run": run, "requests": int(n), "first_step": lo, "last_step": hi,
+                 "first_at": first, "last_at": last, "cached": int(hits)}
+                for run, n, lo, hi, first, last, hits in rows]
+
+    def steps(self, run: str, key_id: str | None = None) -> list[dict[str, Any]]:
+        where, params = Selection(key_id=key_id, run=run).where()
+        rows = self.query(f"SELECT step, COUNT(*), MIN(at), MAX(at) FROM ledger WHERE {where} "
+                          "GROUP BY step ORDER BY step", params)
+        return [{"step": step, "requests": int(n), "first_at": first, "last_at": last}
+                for step, n, first, last in rows]
+
+    def prune(self, max_bytes: int, max_age_s: float, now: float | None = None) -> int:
+        """Drop records past the age bound, then the oldest until the ledger fits `max_bytes`
+        (to 90 % of it, so that it is not pruned again at the next write)."""
+        cutoff = (time.time() if now is None else now) - max_age_s
+        dropped = self._delete_where("at < ?", [cutoff])
+        while self.used_bytes() > max_bytes:
+            over = self.used_bytes() - int(max_bytes * 0.9)
+            deleted = self._delete_oldest(over)
+            if not deleted:
+                break
+            dropped += deleted
+        return dropped
+
+    def _delete_where(self, condition: str, params: list[Any]) -> int:
+        dropped = 0
+        while True:
+            rows = self.query(f"SELECT id FROM ledger WHERE {condition} ORDER BY id LIMIT ?",
+                              [*params, _PRUNE_CHUNK])
+            if not rows:
+                return dropped
+            self.query("DELETE FROM ledger WHERE id <= ? AND " + condition,
+                       [rows[-1][0], *params])
+            dropped += len(rows)
+
+    def _delete_oldest(self, over: int) -> int:
+        """Delete the oldest records whose sizes add up to `over` bytes (one chunk at most)."""
+        rows = self.query("SELECT id, size FROM ledger ORDER BY id LIMIT ?", [_PRUNE_CHUNK])
+        total, last = 0, None
+        for rid, size in rows:
+            total, last = total + int(size), rid
+            if total >= over:
+                break
+        if last is None:
+            return 0
+        self.query("DELETE FROM ledger WHERE id <= ?", [last])
+        return sum(1 for rid, _ in rows if rid <= last)
+

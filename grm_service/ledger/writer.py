@@ -1,0 +1,115 @@
+"""Batched writes off the event loop.
+
+Answers are appended to a buffer (a list append on the loop); every `flush_interval_s` the buffer
+is handed to the writer's one thread, which encodes the records and commits them in one
+transaction. A SIGKILL therefore loses at most the records answered within the last interval
+(plus the batch being committed), and a commit is all or nothing.
+
+The store failing (a full disk, PostgreSQL unreachable) never fails or slows an answer: the
+batch is dropped and counted (`grm_ledger_dropped_records`), a warning is logged at most once a
+minute, and the next batch tries again. A buffer that outgrows `max_buffer` (a store slower than
+the traffic) drops its oldest records the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prometheus_client import Counter
+
+from grm_service.errors import LedgerUnavailable
+from grm_service.ledger.records import Record
+from grm_service.ledger.store import Store
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY_S = 60.0
+_PRUNE_EVERY_S = 30.0
+# A record as the request path leaves it: the encoding is the writer thread's work.
+Pending = Callable[[], Record]
+
+
+class Writer:
+    def __init__(self, open_store: Callable[[], Store], flush_interval_s: float,
+                 max_buffer: int, bounds: tuple[int, float], written: Counter,
+                 dropped: Counter) -> None:
+        self._open_store = open_store
+        self._store: Store | None = None
+        self.interval = flush_interval_s
+        self.max_buffer = max_buffer
+        self.bounds = bounds  # (max bytes, max age in seconds)
+        self._buffer: list[Pending] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grm-ledger-writer")
+        self._written, self._dropped = written, dropped
+        self.dropped = 0
+        self._logged_at = -_LOG_EVERY_S
+        self._pruned_at = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="grm-ledger-writer")
+
+    def add(self, pending: Pending) -> None:
+        if len(self._buffer) >= self.max_buffer:
+            del self._buffer[0]
+            self._drop(1, "buffer full: the store does not keep up")
+        self._buffer.append(pending)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._buffer = self._buffer, []
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._write, batch)
+
+    def _write(self, batch: list[Pending]) -> None:
+        """On the writer thread: encode, commit, now and then prune."""
+        try:
+            store = self._store = self._store or self._open_store()
+            if batch:
+                store.write([pending() for pending in batch])
+                self._written.inc(len(batch))
+            if time.monotonic() - self._pruned_at >= _PRUNE_EVERY_S:
+                self._pruned_at = time.monotonic()
+                store.prune(*self.bounds)
+        except LedgerUnavailable as err:
+            self._drop(len(batch), err.message)
+        except Exception as err:  # a record that cannot be encoded must not stop the ledger
+            self._drop(len(batch), repr(err))
+
+    def _drop(self, count: int, why: str) -> None:
+        if not count:
+            return
+        self.dropped += count
+        self._dropped.inc(count)
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY_S:
+            self._logged_at = now
+            log.warning("ledger: %d record(s) dropped so far (%s); answers go on", self.dropped,
+                        why)
+
+    async def close(self) -> None:
+        """Flush what is buffered and close the store (the lifespan's end)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._close_store)
+        self._pool.shutdown()
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def report(self) -> dict[str, Any]:
+        return {"buffered": len(self._buffer), "dropped": self.dropped}

@@ -1,0 +1,150 @@
+"""The Ledger as the request path uses it: recorded, answered from the record, coalesced."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grm_service.config import Settings
+from grm_service.fingerprint import digest
+from grm_service.gateway.request.answer import Forwarded
+from grm_service.ledger.book import CHAT_ROUTE, SCORE_ROUTE, Ledger
+from grm_service.ledger.location import open_store
+from grm_service.ledger.records import Origin
+from grm_service.ledger.store import Selection
+from grm_service.metrics import Metrics
+
+RAW = [b'{"messages":[],', b'"seed":1}']
+SCORE = Origin(SCORE_ROUTE, "key-a", "run-1", 3)
+
+
+def settings(tmp_path: Path, **over: Any) -> Settings:
+    fields: dict[str, Any] = {"ledger_url": str(tmp_path / "l.sqlite"), **over}
+    return Settings(backend_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
+
+
+class Engine:
+    """Counts computations; `gate` holds them until set."""
+
+    def __init__(self, fp: str = "grm-1") -> None:
+        self.calls = 0
+        self.fp = fp
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self) -> Forwarded:
+        self.calls += 1
+        await self.gate.wait()
+        payload = {"id": f"call-{self.calls}", "choices": [{"message": {"content": "4"}}]}
+        fields = {"fingerprint_id": self.fp, "request_digest": digest(b"".join(RAW)),
+                  "response_digest": "d", "replica": "r0"}
+        return Forwarded(payload, fields)
+
+
+async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
+              path: str = "/v1/chat/completions", cacheable: bool = True) -> tuple[Forwarded, str]:
+    return await book.answer(path, RAW, origin, expected, compute, Forwarded, cacheable)
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
+    book = Ledger(settings(tmp_path), Metrics())
+    book.start()
+    yield book
+    await book.close()
+
+
+async def test_every_answer_is_recorded_with_its_tags(ledger: Ledger, tmp_path: Path) -> None:
+    engine = Engine()
+    chat = Origin(CHAT_ROUTE, "key-b", None, None)
+    answer, how = await ask(ledger, chat, "grm-1", engine)
+    assert how == "" and engine.calls == 1
+    await ledger.close()
+    [row] = open_store(str(tmp_path / "l.sqlite")).records(Selection())
+    assert row.body == b"".join(RAW) and json.loads(row.payload) == answer.payload
+    assert row.origin == chat and row.fields == answer.fields and row.cache == ""
+
+
+async def test_chat_repeats_are_computed_again_by_default(ledger: Ledger) -> None:
+    engine = Engine()
+    chat = Origin(CHAT_ROUTE)
+    for _ in range(2):
+        await ask(ledger, chat, "grm-1", engine)
+    assert engine.calls == 2
+
+
+async def test_a_score_repeat_is_the_recorded_answer_marked_a_hit(ledger: Ledger) -> None:
+    engine = Engine()
+    first, _ = await ask(ledger, SCORE, "grm-1", engine)
+    again, how = await ask(ledger, SCORE, "grm-1", engine)
+    assert engine.calls == 1 and how == "hit"
+    assert again.payload == first.payload and again.fields == {**first.fields, "cache": "hit"}
+    assert again.fingerprint.cache == "hit"
+
+
+async def test_a_hit_comes_from_the_store_after_a_restart(tmp_path: Path) -> None:
+    engine = Engine()
+    first = Ledger(settings(tmp_path), Metrics())
+    first.start()
+    computed, _ = await ask(first, SCORE, "grm-1", engine)
+    await first.close()
+    second = Ledger(settings(tmp_path), Metrics())
+    second.start()
+    again, how = await ask(second, SCORE, "grm-1", engine)
+    await second.close()
+    assert how == "hit" and engine.calls == 1 and again.payload == computed.payload
+
+
+async def test_another_identity_or_path_is_a_miss(ledger: Ledger) -> None:
+    engine = Engine()
+    await ask(ledger, SCORE, "grm-1", engine)
+    _, how = await ask(ledger, SCORE, "grm-2", engine)
+    _, how_path = await ask(ledger, SCORE, "grm-1", engine, path="/classify")
+    _, pinned = await ask(ledger, SCORE, "grm-1", engine, cacheable=False)
+    assert (how, how_path, pinned) == ("", "", "") and engine.calls == 4
+
+
+async def test_identical_requests_in_flight_are_computed_once(ledger: Ledger) -> None:
+    engine = Engine()
+    engine.gate.clear()
+    tasks = [asyncio.create_task(ask(ledger, SCORE, "grm-1", engine)) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    engine.gate.set()
+    answers = await asyncio.gather(*tasks)
+    assert engine.calls == 1
+    assert sorted(how for _, how in answers) == ["", "coalesced", "coalesced", "coalesced",
+                                                 "coalesced"]
+    assert len({json.dumps(a.payload) for a, _ in answers}) == 1
+
+
+async def test_a_failed_computation_fails_its_waiters_and_is_not_kept(ledger: Ledger) -> None:
+    calls = 0
+
+    async def failing() -> Forwarded:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.02)
+        raise RuntimeError("engine down")
+
+    tasks = [asyncio.create_task(ask(ledger, SCORE, "grm-1", failing)) for _ in range(3)]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert calls == 1 and all(isinstance(r, RuntimeError) for r in results)
+    _, how = await ask(ledger, SCORE, "grm-1", Engine())
+    assert how == ""
+
+
+async def test_digests_only_and_tagged_bodies(tmp_path: Path) -> None:
+    for bodies, kept in (("none", [False, False]), ("tagged", [True, False])):
+        path = tmp_path / f"{bodies}.sqlite"
+        book = Ledger(settings(tmp_path, ledger_bodies=bodies, ledger_url=str(path)), Metrics())
+        book.start()
+        for origin in (Origin(CHAT_ROUTE, run="r"), Origin(CHAT_ROUTE)):
+            await ask(book, origin, "grm-1", Engine())
+        await book.close()
+        rows = open_store(str(path)).records(Selection())
+        assert [r.body is not None for r in rows] == kept, bodies

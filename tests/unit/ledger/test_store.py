@@ -1,0 +1,102 @@
+"""The store suite: run on a real SQLite file and on a real PostgreSQL server alike."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from grm_service.ledger.location import open_store
+from grm_service.ledger.query import all_records
+from grm_service.ledger.records import Origin, Record
+from grm_service.ledger.store import Selection, Store
+
+
+def record(n: int, *, run: str | None = "r1", step: int | None = 0, key: str = "key-a",
+           fp: str = "grm-1", cache: str = "", at: float | None = None,
+           body: bytes | None = b"{}", path: str = "/v1/chat/completions") -> Record:
+    payload = json.dumps({"choices": [{"index": 0, "message": {"content": f"answer {n}"}}],
+                          "n": n}).encode()
+    fields = {"fingerprint_id": fp, "request_digest": f"req{n}", "response_digest": f"resp{n}",
+              "replica": "r0", **({"cache": cache} if cache else {})}
+    return Record(time.time() if at is None else at, Origin("/v1/score", key, run, step), path,
+                  fp, f"req{n}", f"resp{n}", body, payload, fields, cache)
+
+
+def test_a_record_comes_back_byte_for_byte(store: Store) -> None:
+    body = b'{"messages":[{"content":"\xc3\xa9","role":"user"}],"seed":7}' + bytes(range(3))
+    written = record(1, body=body)
+    store.write([written])
+    [back] = store.records(Selection())
+    assert back.body == body and back.payload == written.payload
+    assert back.fields == written.fields and back.origin == written.origin
+    assert back.id is not None and store.record(back.id) == back
+    assert store.records(Selection())[0].at == written.at
+
+
+def test_digests_only_records_keep_no_body(store: Store) -> None:
+    store.write([record(1, body=None)])
+    assert store.records(Selection())[0].body is None
+
+
+def test_lookup_matches_identity_request_and_path_and_skips_served_copies(store: Store) -> None:
+    store.write([record(1, fp="grm-old"), record(1, cache="hit"), record(2)])
+    assert store.lookup("grm-1", "req1", "/v1/chat/completions") is None  # only a hit, or old
+    store.write([record(1)])
+    found = store.lookup("grm-1", "req1", "/v1/chat/completions")
+    assert found is not None and found.cache == "" and found.fingerprint_id == "grm-1"
+    assert store.lookup("grm-1", "req1", "/classify") is None
+    assert store.lookup("grm-2", "req1", "/v1/chat/completions") is None
+
+
+def test_a_key_sees_only_its_own_records(store: Store) -> None:
+    store.write([record(1, key="key-a"), record(2, key="key-b"), record(3, key="key-b")])
+    assert [r.request_digest for r in store.records(Selection(key_id="key-b"))] == ["req2",
+                                                                                   "req3"]
+    first = store.records(Selection(key_id="key-a"))[0]
+    assert first.id is not None
+    assert store.record(first.id, "key-b") is None and store.record(first.id, "key-a") == first
+    assert [r["requests"] for r in store.runs("key-b")] == [2]
+
+
+def test_runs_steps_and_step_ranges(store: Store) -> None:
+    store.write([record(i, run="a", step=i // 2) for i in range(10)]
+                + [record(20, run=None, step=None), record(21, run="b", step=3, cache="hit")])
+    runs = {r["run"]: r for r in store.runs()}
+    assert set(runs) == {"a", "", "b"}
+    assert (runs["a"]["requests"], runs["a"]["first_step"], runs["a"]["last_step"]) == (10, 0, 4)
+    assert runs["b"]["cached"] == 1 and runs["a"]["cached"] == 0
+    assert [(s["step"], s["requests"]) for s in store.steps("a")] == [(i, 2) for i in range(5)]
+    chosen = store.records(Selection(run="a", first_step=1, last_step=2))
+    assert [r.request_digest for r in chosen] == ["req2", "req3", "req4", "req5"]
+    assert [r.request_digest for r in store.records(Selection(run=""))] == ["req20"]
+
+
+def test_pages_go_through_every_record_in_order(store: Store) -> None:
+    store.write([record(i) for i in range(1203)])
+    seen = [r.request_digest for r in all_records(store, Selection())]
+    assert seen == [f"req{i}" for i in range(1203)]
+
+
+def test_prune_drops_old_records_first_by_age_then_by_size(store: Store) -> None:
+    now = time.time()
+    store.write([record(i, at=now - 1000 + i) for i in range(5)])
+    assert store.prune(1 << 40, 997.5, now) == 3  # ages 1000, 999 and 998
+    assert [r.request_digest for r in store.records(Selection())] == ["req3", "req4"]
+    big = b"x" * 200_000
+    store.write([record(10 + i, body=big) for i in range(20)])
+    store.prune(2_000_000, 1e9, now)
+    left = store.records(Selection())
+    assert store.used_bytes() <= 2_000_000
+    assert 0 < len(left) < 22 and left[-1].request_digest == "req29"  # the newest stay
+
+
+def test_two_stores_on_one_location_see_each_others_writes(location: str) -> None:
+    """`serve --workers N`: every worker writes to the same ledger."""
+    a, b = open_store(location), open_store(location)
+    try:
+        a.write([record(1)])
+        b.write([record(2)])
+        assert [r.request_digest for r in a.records(Selection())] == ["req1", "req2"]
+    finally:
+        a.close()
+        b.close()
