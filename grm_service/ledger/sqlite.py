@@ -27,7 +27,6 @@ CREATE TABLE IF NOT EXISTS ledger (
   size INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_request ON ledger (fingerprint_id, request_digest);
 CREATE INDEX IF NOT EXISTS ledger_tags ON ledger (key_id, run, step);
-CREATE INDEX IF NOT EXISTS ledger_at ON ledger (at);
 """
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -70,11 +69,12 @@ class SqliteStore(Store):
         except sqlite3.Error as err:
             raise LedgerUnavailable(f"ledger {self.path}: {err}") from err
 
-    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    def _run_all(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(sql, rows)
+                for sql, params in statements:
+                    self._db.execute(sql, params)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise

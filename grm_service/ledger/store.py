@@ -21,6 +21,9 @@ COLUMNS = ("at", "key_id", "run", "step", "route", "path", "fingerprint_id", "re
 _SELECT = "SELECT id, " + ", ".join(COLUMNS) + " FROM ledger"
 # Deleted in chunks: one statement over millions of rows would hold the write lock for long.
 _PRUNE_CHUNK = 2000
+# Rows per INSERT statement: one statement per row costs a round of the driver (and a release
+# and retake of the GIL) per row; 500 rows of 14 values stay under SQLite's 32766 parameters.
+_INSERT_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,8 @@ class Store(ABC):
         """Run one statement (committed) and return its rows."""
 
     @abstractmethod
-    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run one statement per row, in one transaction."""
+    def _run_all(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Run the statements in one transaction."""
 
     @abstractmethod
     def used_bytes(self) -> int: ...
@@ -91,9 +94,15 @@ class Store(ABC):
         return self._run(self._sql(sql), params)
 
     def write(self, records: Sequence[Record]) -> None:
-        marks = ", ".join("?" * len(COLUMNS))
-        sql = f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks})"
-        self._run_many(self._sql(sql), [row_values(r) for r in records])
+        """All of them or none (one transaction)."""
+        row = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+        statements = []
+        for start in range(0, len(records), _INSERT_ROWS):
+            chunk = records[start:start + _INSERT_ROWS]
+            values = ", ".join([row] * len(chunk))
+            sql = f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES {values}"
+            statements.append((self._sql(sql), [v for r in chunk for v in row_values(r)]))
+        self._run_all(statements)
 
     def lookup(self, fingerprint_id: str, request_digest: str, path: str) -> Record | None:
         """The newest computed (not itself cached) answer to this request by this identity."""
@@ -134,7 +143,7 @@ class Store(ABC):
         """Drop records past the age bound, then the oldest until the ledger fits `max_bytes`
         (to 90 % of it, so that it is not pruned again at the next write)."""
         cutoff = (time.time() if now is None else now) - max_age_s
-        dropped = self._delete_where("at < ?", [cutoff])
+        dropped = self._delete_older(cutoff)
         while self.used_bytes() > max_bytes:
             over = self.used_bytes() - int(max_bytes * 0.9)
             deleted = self._delete_oldest(over)
@@ -143,15 +152,18 @@ class Store(ABC):
             dropped += deleted
         return dropped
 
-    def _delete_where(self, condition: str, params: list[Any]) -> int:
+    def _delete_older(self, cutoff: float) -> int:
+        """Records are written in time order: the old ones are those before the first young
+        one, found from the oldest on (no index on `at` to keep up on every insert)."""
+        young = self.query("SELECT id FROM ledger WHERE at >= ? ORDER BY id LIMIT 1", [cutoff])
         dropped = 0
         while True:
-            rows = self.query(f"SELECT id FROM ledger WHERE {condition} ORDER BY id LIMIT ?",
-                              [*params, _PRUNE_CHUNK])
+            where = "id < ?" if young else "1=1"
+            rows = self.query(f"SELECT id FROM ledger WHERE {where} ORDER BY id LIMIT ?",
+                              [*([young[0][0]] if young else []), _PRUNE_CHUNK])
             if not rows:
                 return dropped
-            self.query("DELETE FROM ledger WHERE id <= ? AND " + condition,
-                       [rows[-1][0], *params])
+            self.query("DELETE FROM ledger WHERE id <= ?", [rows[-1][0]])
             dropped += len(rows)
 
     def _delete_oldest(self, over: int) -> int:
