@@ -195,9 +195,12 @@ class Settings(BaseSettings):
         "", description="Where the ledger lives: a SQLite file path (empty: <work-dir>/"
         "ledger.sqlite) or a postgresql:// URL shared by several gateways."
     )
+    # Measured (benchmarks/bench_ledger.py): an OCR record is ~153 KB on disk with its body,
+    # ~1.6 KB without; a judge record ~2.2 KB. Bodies of tagged runs only: untagged traffic
+    # stays on record for hours within the bound, a run a trainer tags can be replayed.
     ledger_bodies: LedgerBodies = Field(
-        LedgerBodies.ALL, description="Canonical request bodies kept: all | tagged (only "
-        "requests with a run tag) | none (digests only)."
+        LedgerBodies.TAGGED, description="Canonical request bodies kept: tagged (only "
+        "requests with a run tag, x-grm-run) | all | none (digests only)."
     )
     ledger_max_bytes: int = Field(
         8 << 30, ge=1 << 20, description="Ledger size bound; the oldest records go first."

@@ -24,7 +24,8 @@ SCORE = Origin(SCORE_ROUTE, "key-a", "run-1", 3)
 
 
 def settings(tmp_path: Path, **over: Any) -> Settings:
-    fields: dict[str, Any] = {"ledger_url": str(tmp_path / "l.sqlite"), **over}
+    fields: dict[str, Any] = {"ledger_url": str(tmp_path / "l.sqlite"), "ledger_bodies": "all",
+                              **over}
     return Settings(backend_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
 
 
@@ -113,7 +114,11 @@ async def test_identical_requests_in_flight_are_computed_once(ledger: Ledger) ->
     engine = Engine()
     engine.gate.clear()
     tasks = [asyncio.create_task(ask(ledger, SCORE, "grm-1", engine)) for _ in range(5)]
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # each has asked the reader's thread for its record
+    # The reader's one thread answers in order: once this returns, all five have their (empty)
+    # lookups back and wait in flight (nothing else awaits between the lookup and the wait).
+    await ledger.read(lambda _: None)
+    await asyncio.sleep(0)
     engine.gate.set()
     answers = await asyncio.gather(*tasks)
     assert engine.calls == 1
