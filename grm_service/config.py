@@ -211,9 +211,10 @@ class Settings(BaseSettings):
     ledger_flush_interval_s: float = Field(
         0.5, gt=0, le=60, description="Between batched writes: what a SIGKILL can lose."
     )
-    ledger_buffer_records: int = Field(
-        50_000, ge=1, description="Records waiting for a write; past it they are dropped "
-        "(and counted): a store that cannot keep up never slows answers."
+    ledger_buffer_bytes: int = Field(
+        256 << 20, ge=1 << 16, description="Memory of the records waiting for a write; past "
+        "it the oldest are dropped (and counted): a store that cannot keep up never slows "
+        "answers or grows the gateway."
     )
     ledger_cache_chat: bool = Field(
         False, description="Answer a repeated /v1/chat/completions from the ledger."

@@ -29,6 +29,8 @@ from grm_service.ledger.writer import Writer
 from grm_service.metrics import Metrics
 
 T = TypeVar("T")
+# A record's answer and fingerprint, about, as the buffer holds them (the body apart).
+_RECORD_BYTES = 2048
 # The answer's JSON as stored: the options of the answers the gateway renders.
 _PAYLOAD_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 SCORE_ROUTE = "/v1/score"
@@ -42,7 +44,7 @@ class Ledger:
         location = settings.ledger_location
         bounds = (settings.ledger_max_bytes, settings.ledger_max_age_s)
         self.writer = Writer(partial(open_store, location), settings.ledger_flush_interval_s,
-                             settings.ledger_buffer_records, bounds, metrics.ledger_written,
+                             settings.ledger_buffer_bytes, bounds, metrics.ledger_written,
                              metrics.ledger_dropped)
         self._reader_store: Store | None = None
         self._location = location
@@ -110,8 +112,9 @@ class Ledger:
                 answer: Answer, how: str) -> None:
         bodies = self.settings.ledger_bodies
         keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
+        size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
         self.writer.add(partial(_record, time.time(), path, list(raw) if keep else None, origin,
-                                answer.payload, answer.fields, how))
+                                answer.payload, answer.fields, how), size)
 
     async def read(self, query: Callable[[Store], T]) -> T:
         """Run `query` on the reader's thread, with its own connection (never the loop's)."""

@@ -7,8 +7,9 @@ transaction. A SIGKILL therefore loses at most the records answered within the l
 
 The store failing (a full disk, PostgreSQL unreachable) never fails or slows an answer: the
 batch is dropped and counted (`grm_ledger_dropped_records`), a warning is logged at most once a
-minute, and the next batch tries again. A buffer that outgrows `max_buffer` (a store slower than
-the traffic) drops its oldest records the same way.
+minute, and the next batch tries again. A buffer that outgrows `max_bytes` (a store slower than
+the traffic: each record holds its request body until it is written) drops its oldest records
+the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,14 +38,15 @@ Pending = Callable[[], Record]
 
 class Writer:
     def __init__(self, open_store: Callable[[], Store], flush_interval_s: float,
-                 max_buffer: int, bounds: tuple[int, float], written: Counter,
+                 max_bytes: int, bounds: tuple[int, float], written: Counter,
                  dropped: Counter) -> None:
         self._open_store = open_store
         self._store: Store | None = None
         self.interval = flush_interval_s
-        self.max_buffer = max_buffer
+        self.max_bytes = max_bytes
         self.bounds = bounds  # (max bytes, max age in seconds)
-        self._buffer: list[Pending] = []
+        self._buffer: deque[tuple[Pending, int]] = deque()
+        self._buffered = 0  # bytes the buffer holds
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grm-ledger-writer")
         self._written, self._dropped = written, dropped
         self.dropped = 0
@@ -54,11 +57,13 @@ class Writer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="grm-ledger-writer")
 
-    def add(self, pending: Pending) -> None:
-        if len(self._buffer) >= self.max_buffer:
-            del self._buffer[0]
+    def add(self, pending: Pending, size: int) -> None:
+        """`size`: about what the record holds in memory until it is written."""
+        self._buffer.append((pending, size))
+        self._buffered += size
+        while self._buffered > self.max_bytes and len(self._buffer) > 1:
+            self._buffered -= self._buffer.popleft()[1]
             self._drop(1, "buffer full: the store does not keep up")
-        self._buffer.append(pending)
 
     async def _run(self) -> None:
         while True:
@@ -66,7 +71,9 @@ class Writer:
             await self.flush()
 
     async def flush(self) -> None:
-        batch, self._buffer = self._buffer, []
+        batch = [pending for pending, _ in self._buffer]
+        self._buffer.clear()
+        self._buffered = 0
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._write, batch)
 
@@ -112,4 +119,5 @@ class Writer:
             self._store = None
 
     def report(self) -> dict[str, Any]:
-        return {"buffered": len(self._buffer), "dropped": self.dropped}
+        return {"buffered": len(self._buffer), "buffered_bytes": self._buffered,
+                "dropped": self.dropped}
