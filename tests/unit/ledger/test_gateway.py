@@ -3,7 +3,9 @@ is what is under test): tags, keys, the cache on /v1/score, the read-back API.""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from grm_service.commands.diffing import load_results
 from grm_service.config import Settings
 from grm_service.gateway.request.proxy import Gateway
 from tests.support.gateway import client, received, serving
-from tests.support.procs import Proc
+from tests.support.procs import Proc, start_stub
 
 KA, KB = "secret-ka", "secret-kb"
 SCORERS = ["length=tests.support.scoring:length_score"]
@@ -134,3 +136,28 @@ async def test_with_the_ledger_off_answers_go_on_and_its_api_says_so(stub: Proc,
     assert not (tmp_path / "ledger.sqlite").exists()
 
 
+
+
+async def test_the_live_audit_recomputes_a_sample_of_hits(stub: Proc, tmp_path: Path) -> None:
+    other = start_stub(tmp_path, "--record", "64")
+    try:
+        audited = Settings(backend_urls=[stub.url, other.url], served_model_name="rm",
+                           work_dir=tmp_path, scorers=SCORERS, audit_fraction=1.0,
+                           audit_max_per_s=1000)
+        async with serving(audited) as (hot, gw), client(hot) as api:
+            body = {"scorer": "length", "items": ITEMS}
+            await api.post("/v1/score", json=body)  # computed: each item audited once
+            assert gw.auditor is not None
+            await wait_for(lambda: gw.auditor is not None and gw.auditor.audited == 2)
+            again = (await api.post("/v1/score", json=body)).json()
+            assert all(r["fingerprint"]["cache"] == "hit" for r in again["results"])
+            await wait_for(lambda: gw.auditor is not None and gw.auditor.audited == 4)
+            assert gw.auditor.matched == 4 and not gw.auditor.violations
+    finally:
+        other.stop()
+
+
+async def wait_for(done: Callable[[], bool], timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not done():
+            await asyncio.sleep(0.01)
