@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     max_inflight_per_replica: int = Field(
         256, ge=1, description="Requests one replica may hold at once (co-batched)."
     )
+    max_connections_per_replica: int = Field(
+        256, ge=1, description="Connections one gateway process keeps open to one replica at "
+        "most; a request beyond them waits for one (within GRM_REQUEST_TIMEOUT_S)."
+    )
+    max_response_bytes: int = Field(
+        64 << 20, ge=1024, description="Largest answer a replica may send; past it the "
+        "connection is dropped and the request answered 502 (response_too_large)."
+    )
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a replica; more -> 429.")
     queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a replica -> 429.")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time for in-flight work.")

@@ -14,6 +14,7 @@
     ├── Overloaded                429  every replica is at its in-flight limit and the queue is full
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
+    │   └── ResponseTooLarge      502  a replica's answer is over GRM_MAX_RESPONSE_BYTES
     ├── BackendRejected           4xx  the engine refused the request; its status and message kept
     ├── NotFound                  404  a ledger record that does not exist (or is another key's)
     ├── LedgerUnavailable         ---  the ledger's store failed (full disk, database gone):
@@ -94,6 +95,12 @@ class ServiceUnavailable(GrmError):
 class BackendFailed(GrmError):
     http_status = 502
     code = "backend_failed"
+
+
+class ResponseTooLarge(BackendFailed):
+    """Not retried: the same request gets the same answer, as large, from any replica."""
+
+    code = "response_too_large"
 
 
 class BackendRejected(GrmError):

@@ -163,7 +163,7 @@ def _lifespan(
         admission = Admission(settings, probes, _output_checks(settings, metrics))
         side, close_side = _replica_side(settings, worker, metrics, admission, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
-        client = Upstream(settings.request_timeout_s, ack_timeout_s=settings.backend_ack_timeout_s)
+        client = Upstream.from_settings(settings)
         # With N workers each one audits at 1/N of the rate: the limit holds for the service.
         audit_rate = settings.audit_max_per_s / (worker.count if worker else 1)
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)

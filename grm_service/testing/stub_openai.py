@@ -11,6 +11,7 @@ With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, 
 it holds now: with `--delay`, a test can see whether requests that must run alone ever
 overlapped. After `POST /stub/hold`, chat completions wait until `POST /stub/release`, so a
 test can keep requests in flight for as long as its checks take, on a machine of any pace.
+`--pad N` adds N characters to every chat answer's text (an answer larger than the gateway's cap).
 Start: `python -m grm_service.testing.stub_openai --port 0`; it prints `PORT <n>` once listening.
 """
 
@@ -31,8 +32,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
-def _completion(body: dict[str, Any], raw: bytes) -> dict[str, Any]:
-    text = "stub-" + hashlib.sha256(raw).hexdigest()[:16]
+def _completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any]:
+    text = "stub-" + hashlib.sha256(raw).hexdigest()[:16] + "=" * pad
     return {
         "id": "chatcmpl-stub", "object": "chat.completion", "created": 0,
         "model": body.get("model", "stub"),
@@ -60,7 +61,7 @@ def garbage_app(kind: str) -> Starlette:
 
 
 def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
-              version: str = "stub", record: int = 0) -> Starlette:
+              version: str = "stub", record: int = 0, pad: int = 0) -> Starlette:
     received: deque[dict[str, Any]] = deque(maxlen=record or 1)
     held = {"now": 0, "most": 0}
     passing = asyncio.Event()  # cleared by POST /stub/hold, set by POST /stub/release
@@ -86,7 +87,7 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
                 held["now"] -= 1
         if fail:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
-        return JSONResponse(_completion(json.loads(raw), raw))
+        return JSONResponse(_completion(json.loads(raw), raw, pad))
 
     async def classify(request: Request) -> JSONResponse:
         raw = await request.body()
@@ -144,6 +145,7 @@ def main() -> None:
     parser.add_argument("--version", default="stub", help="What /version reports.")
     parser.add_argument("--garbage", choices=["html", "json", "hang"], default=None)
     parser.add_argument("--record", type=int, default=0, help="Keep the last N bodies received.")
+    parser.add_argument("--pad", type=int, default=0, help="Characters added to chat answers.")
     args = parser.parse_args()
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle).
@@ -154,7 +156,7 @@ def main() -> None:
     sys.stdout.flush()
     stub = (garbage_app(args.garbage) if args.garbage
             else build_app(args.delay, args.fail, args.served_model_name, args.version,
-                           args.record))
+                           args.record, args.pad))
     # A garbage stub has nothing worth draining: without a bound, SIGTERM would wait for the
     # requests a "hang" stub holds (an hour).
     config = uvicorn.Config(stub, log_level="warning",

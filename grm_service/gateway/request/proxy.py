@@ -20,6 +20,7 @@ from grm_service.errors import (
     BackendFailed,
     BackendRejected,
     Overloaded,
+    ResponseTooLarge,
     ServiceUnavailable,
     StreamingUnsupported,
     UnknownModel,
@@ -223,6 +224,8 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[in
         return await gw.client.post(replica.url, path, *raw)
     except TimeoutError as err:
         raise _Retryable("timeout", replica.name, "timed out") from err
+    except ResponseTooLarge as err:  # not retried: every replica would answer the same
+        raise ResponseTooLarge(f"{replica.name}: {err.message}") from None
     except OSError as err:  # refused, reset, closed early, not HTTP (ConnectionError is one)
         raise _Retryable("connection", replica.name, "connection failed",
                          f"{type(err).__name__} to {replica.url}: {err}") from err

@@ -14,6 +14,12 @@ host gone) leaves idle connections half-open: a request written on one is never 
 never fails until the request timeout (minutes). TCP_USER_TIMEOUT (`ack_timeout_s`) bounds how
 long sent bytes may stay unacknowledged; a live replica's kernel acknowledges at once however
 long its engine takes to answer, so slow generations are unaffected. Linux only.
+
+Two bounds keep one replica from costing the gateway without limit: its answer may be at most
+`max_response_bytes` (past it the connection is dropped and `ResponseTooLarge` raised, nothing
+more buffered), and at most `max_connections` connections are open to it at once (a request
+beyond them waits for one, within the request timeout). A connection the replica closes (vLLM
+closes idle ones after 5 s) leaves the pool at once.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from grm_service.config import Settings
+from grm_service.errors import ResponseTooLarge
 
 Answer = tuple[int, bytes]  # (HTTP status, body)
 Body = tuple[bytes | memoryview, ...]  # sent one after the other
@@ -64,12 +74,17 @@ class _Target:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ack_timeout_ms: int | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ack_timeout_ms: int | None = None,
+                 max_response_bytes: int = 1 << 62,
+                 on_lost: Callable[[_Connection], None] | None = None) -> None:
         self.loop = loop
         self.ack_timeout_ms = ack_timeout_ms
+        self.max_response_bytes = max_response_bytes
+        self.on_lost = on_lost  # the pool forgets a closed connection at once
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.chunks: list[bytes] = []
+        self.received = 0  # body bytes of the current answer
         self.waiter: asyncio.Future[Answer] | None = None
         self.answered_bytes = False  # a byte of the current answer arrived
         self.reusable = True
@@ -103,9 +118,18 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._fail(ConnectionResetError("the replica closed the connection") if exc is None
                    else exc)
+        if self.on_lost is not None:
+            self.on_lost(self)
 
     # httptools callbacks
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
+        if self.received > self.max_response_bytes:
+            self.chunks = []
+            self._fail(ResponseTooLarge(
+                f"the answer is over {self.max_response_bytes} bytes, the cap "
+                "GRM_MAX_RESPONSE_BYTES sets"))
+            return
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
@@ -133,6 +157,7 @@ class _Connection(asyncio.Protocol):
         waiter: asyncio.Future[Answer] = self.loop.create_future()
         self.waiter = waiter
         self.answered_bytes = False
+        self.received = 0
         if length < _COALESCE_BYTES:
             self.transport.write(b"".join((head, *body)))
         else:
@@ -150,28 +175,73 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class Upstream:
-    """A keep-alive pool per replica URL, unbounded like the replicas' own accept queues: the
-    gateway's in-flight gate, not the pool, bounds the requests at a replica."""
+@dataclass
+class _Replica:
+    """One replica URL's connections: the idle ones, and the slots bounding all of them."""
 
-    def __init__(self, timeout_s: float, ack_timeout_s: float | None = None) -> None:
+    url: str
+    target: _Target
+    slots: asyncio.Semaphore
+    idle: list[_Connection] = field(default_factory=list)
+    open: int = 0  # connections made and not yet lost
+    users: int = 0  # requests inside `post`
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+
+class Upstream:
+    """A keep-alive pool per replica URL, with at most `max_connections` connections each: the
+    gateway's in-flight gate, not the pool, decides how many requests a replica holds; this
+    bound is what a replica costs in sockets if the gate is set wide."""
+
+    def __init__(self, timeout_s: float, ack_timeout_s: float | None = None,
+                 max_response_bytes: int = 64 << 20, max_connections: int = 256) -> None:
         self.timeout_s = timeout_s
         self.ack_timeout_ms = None if ack_timeout_s is None else int(ack_timeout_s * 1000)
-        self._targets: dict[str, _Target] = {}
-        self._idle: dict[str, list[_Connection]] = {}
+        self.max_response_bytes = max_response_bytes
+        self.max_connections = max_connections
+        self._replicas: dict[str, _Replica] = {}
         self._open: set[_Connection] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Upstream:
+        return cls(settings.request_timeout_s, settings.backend_ack_timeout_s,
+                   settings.max_response_bytes, settings.max_connections_per_replica)
 
     async def post(self, base_url: str, path: str, *body: bytes | memoryview) -> Answer:
         """POST the concatenation of `body`'s parts (a long string among them is not copied)."""
-        target = self._targets.get(base_url)
-        if target is None:
-            target = self._targets[base_url] = _Target.parse(base_url)
+        replica = self._replicas.get(base_url)
+        if replica is None:
+            replica = self._replicas[base_url] = _Replica(
+                base_url, _Target.parse(base_url), asyncio.Semaphore(self.max_connections))
         length = sum(len(part) for part in body)
-        head = target.head(path, length)
-        idle = self._idle.setdefault(base_url, [])
+        head = replica.target.head(path, length)
+        replica.users += 1
+        try:
+            await self._slot(replica)
+            try:
+                return await self._send(replica, head, body, length)
+            finally:
+                replica.slots.release()
+        finally:
+            replica.users -= 1
+            self._drop_if_unused(replica)
+
+    async def _slot(self, replica: _Replica) -> None:
+        if not replica.slots.locked():
+            await replica.slots.acquire()  # free: returns at once, no timer
+            return
+        async with asyncio.timeout(self.timeout_s):
+            await replica.slots.acquire()
+
+    async def _send(self, replica: _Replica, head: bytes, body: Body, length: int) -> Answer:
+        idle = replica.idle
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to be closed by now
-            if not conn.reusable:
+            if not conn.reusable:  # closed, its connection_lost not yet run
+                self._discard(conn)
                 continue
             try:
                 return await self._exchange(conn, idle, head, body, length)
@@ -181,7 +251,7 @@ class Upstream:
                 # The replica closed the idle connection as we reused it: nothing was answered,
                 # so a fresh connection gets the same request.
                 break
-        conn = await self._connect(target)
+        conn = await self._connect(replica)
         return await self._exchange(conn, idle, head, body, length)
 
     async def _exchange(self, conn: _Connection, idle: list[_Connection], head: bytes,
@@ -197,22 +267,36 @@ class Upstream:
             self._discard(conn)
         return answer
 
-    async def _connect(self, target: _Target) -> _Connection:
+    async def _connect(self, replica: _Replica) -> _Connection:
         loop = asyncio.get_running_loop()
+        target = replica.target
         tls = ssl.create_default_context() if target.tls else None
+
+        def lost(conn: _Connection) -> None:
+            if conn in self._open:
+                self._open.discard(conn)
+                replica.open -= 1
+            replica.forget(conn)
+            self._drop_if_unused(replica)
+
         async with asyncio.timeout(self.timeout_s):
             _, conn = await loop.create_connection(
-                lambda: _Connection(loop, self.ack_timeout_ms), target.host, target.port, ssl=tls,
-                server_hostname=target.host if tls else None)
+                lambda: _Connection(loop, self.ack_timeout_ms, self.max_response_bytes, lost),
+                target.host, target.port, ssl=tls, server_hostname=target.host if tls else None)
         self._open.add(conn)
+        replica.open += 1
         return conn
 
     def _discard(self, conn: _Connection) -> None:
-        conn.close()
-        self._open.discard(conn)
+        conn.close()  # its connection_lost forgets it
+
+    def _drop_if_unused(self, replica: _Replica) -> None:
+        """A replica restarted on a new port leaves its old URL behind: nothing kept for it."""
+        if replica.users == 0 and replica.open == 0 and self._replicas.get(replica.url) is replica:
+            del self._replicas[replica.url]
 
     async def close(self) -> None:
         for conn in list(self._open):
             self._discard(conn)
-        self._idle.clear()
+        self._replicas.clear()
         await asyncio.sleep(0)  # let the transports run their close callbacks

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from grm_service.errors import ResponseTooLarge
 from grm_service.gateway.request.upstream import Upstream, UpstreamProtocolError
 
 Reply = Callable[[bytes], bytes | None]  # request body -> raw response bytes (None: stay silent)
@@ -32,21 +33,29 @@ def chunked(body: bytes) -> bytes:
 class Server:
     reply: Reply
     close_after: bool = False  # close each connection once it answered
+    idle_close_s: float | None = None  # close a connection idle this long (vLLM: 5 s)
+    hold_s: float = 0.0  # time each answer takes
     connections: int = 0
+    most_open: int = 0  # connections open at once, at most
+    open_now: int = 0
     bodies: list[bytes] = field(default_factory=list)
     targets: list[bytes] = field(default_factory=list)  # request paths as received
     url: str = ""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
+                async with asyncio.timeout(self.idle_close_s):
+                    head = await reader.readuntil(b"\r\n\r\n")
                 self.targets.append(head.split(b" ")[1])
                 length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length"))
                 body = await reader.readexactly(length)
                 self.bodies.append(body)
+                await asyncio.sleep(self.hold_s)
                 answer = self.reply(body)
                 if answer is None:
                     await asyncio.sleep(3600)
@@ -55,9 +64,10 @@ class Server:
                 await writer.drain()
                 if self.close_after:
                     break
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass
         finally:
+            self.open_now -= 1
             writer.close()
 
 
@@ -68,8 +78,8 @@ Serve = Callable[..., Awaitable[Server]]
 async def serve() -> AsyncIterator[Serve]:
     servers: list[asyncio.Server] = []
 
-    async def started(reply: Reply, close_after: bool = False) -> Server:
-        state = Server(reply, close_after)
+    async def started(reply: Reply, close_after: bool = False, **behaviour: float) -> Server:
+        state = Server(reply, close_after, **behaviour)
         server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
         servers.append(server)
         state.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -110,6 +120,58 @@ async def test_replica_closing_idle_connections_is_not_an_error(
         await asyncio.sleep(0.01)
         assert await pool.post(srv.url, "/p", b"%d" % i) == (200, b"%d" % i)
     assert srv.connections == 3
+
+
+async def test_connections_the_replica_closed_while_idle_leave_the_pool(serve: Serve) -> None:
+    # vLLM closes a connection idle for 5 s; a trainer's steps leave gaps longer than that.
+    srv = await serve(lambda body: ok(body), idle_close_s=0.05, hold_s=0.01)
+    pool = Upstream(5.0)
+    for burst in range(6):
+        answers = await asyncio.gather(*(pool.post(srv.url, "/p", b"%d" % i) for i in range(4)))
+        assert answers == [(200, b"%d" % i) for i in range(4)]
+        assert len(pool._open) <= 4, f"burst {burst}: {len(pool._open)} connections kept"
+        await asyncio.sleep(0.3)  # the replica closes all four
+    assert srv.connections == 24
+    assert pool._open == set(), "every connection the replica closed is forgotten"
+    assert pool._replicas == {}, "nothing is kept for a replica with no connection"
+    await pool.close()
+
+
+async def test_connections_per_replica_are_bounded(serve: Serve) -> None:
+    srv = await serve(lambda body: ok(body), hold_s=0.05)
+    pool = Upstream(5.0, max_connections=2)
+    answers = await asyncio.gather(*(pool.post(srv.url, "/p", b"%d" % i) for i in range(6)))
+    assert answers == [(200, b"%d" % i) for i in range(6)], "the others waited their turn"
+    assert srv.most_open == 2
+    assert srv.connections == 2
+    await pool.close()
+
+
+async def test_a_wait_for_a_connection_is_bounded_by_the_timeout(serve: Serve) -> None:
+    srv = await serve(lambda body: ok(body), hold_s=1.0)
+    pool = Upstream(0.3, max_connections=1)
+    first = asyncio.create_task(pool.post(srv.url, "/p", b"1"))
+    await asyncio.sleep(0.05)
+    with pytest.raises(TimeoutError):
+        await pool.post(srv.url, "/p", b"2")
+    with pytest.raises(TimeoutError):
+        await first
+    await pool.close()
+
+
+@pytest.mark.parametrize("answer", [ok, chunked])
+async def test_an_answer_over_the_cap_is_refused_and_its_connection_dropped(
+    serve: Serve, answer: Callable[[bytes], bytes]
+) -> None:
+    srv = await serve(lambda body: answer(b"x" * int(body)))
+    pool = Upstream(5.0, max_response_bytes=4096)
+    assert await pool.post(srv.url, "/p", b"4096") == (200, b"x" * 4096)
+    with pytest.raises(ResponseTooLarge, match=r"over 4096 bytes.*GRM_MAX_RESPONSE_BYTES"):
+        await pool.post(srv.url, "/p", b"1000000")
+    await asyncio.sleep(0.05)
+    assert pool._open == set(), "a half-read answer leaves its connection unusable: dropped"
+    assert await pool.post(srv.url, "/p", b"10") == (200, b"x" * 10)
+    await pool.close()
 
 
 async def test_connection_close_header_is_honoured(serve: Serve) -> None:
@@ -207,7 +269,7 @@ async def test_replica_connections_bound_unacknowledged_sends(
     pool = Upstream(5.0, ack_timeout_s=ack_timeout_s)
     try:
         assert await pool.post(url, "/v1/chat/completions", b"{}") == (200, b"{}")
-        (conn,) = pool._idle[url]
+        (conn,) = pool._open
         assert conn.transport is not None
         sock = conn.transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == expected_ms
