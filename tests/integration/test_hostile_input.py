@@ -314,6 +314,40 @@ def test_deep_nesting_is_a_4xx(gateway: Proc, stubs: list[Proc], path: str, raw:
     assert received(stubs) == []
 
 
+# Each route's body with a string to fill; the chat body also with a long string in front (the
+# hot path parses a body of LONG bytes or more another way).
+ROUTE_BODIES = [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "%s"}]}'),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "' + "a" * 9000 + '"}, '
+     '{"role": "user", "content": "%s"}]}'),
+    ("/classify", '{"input": "%s"}'),
+    ("/v1/score", '{"scorer": "judge", "items": [{"id": "a", "completion": "%s"}]}'),
+    ("/openrlhf/reward", '{"query": ["%s"], "prompts": ["p"]}'),
+]
+
+
+@pytest.mark.parametrize(("path", "raw"), ROUTE_BODIES,
+                         ids=["chat", "chat-long", "classify", "score", "openrlhf"])
+@pytest.mark.parametrize(("text", "words"), [
+    (b"\\ud800", ["the JSON escape \\ud800", "surrogate pair"]),
+    (b"ok \\udfff", ["the JSON escape \\udfff"]),
+    (b"\xed\xa0\x80", ["ED A0", "not valid UTF-8"]),
+], ids=["escaped-high", "escaped-low", "utf8-encoded"])
+def test_lone_surrogates_are_400_on_every_route(
+    gateway: Proc, stubs: list[Proc], path: str, raw: str, text: bytes, words: list[str]
+) -> None:
+    body = raw.encode().replace(b"%s", text)
+    r = httpx.post(gateway.url + path, content=body, timeout=60,
+                   headers={**AUTH, "content-type": "application/json"})
+    refused(r, 400, *words)
+    assert received(stubs) == []
+    whole = raw.encode().replace(b"%s", "\\ud83d\\ude00 \U0001f600 \ud55c".encode())
+    r = httpx.post(gateway.url + path, content=whole, timeout=60,
+                   headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize(
     ("scorer", "options"),
     [("classify", {"label": "last"}), ("classify", {"label": 1.5}),
@@ -360,6 +394,23 @@ def test_502_names_the_replica_not_its_address(tmp_path: Path) -> None:
     for internal in ("127.0.0.1", port, "Connector", "Error(", "<"):
         assert internal not in r.text, r.text
     assert stub.url in logged, "the log keeps the detail"
+
+
+def test_an_answer_over_the_response_cap_is_a_502_naming_it(tmp_path: Path) -> None:
+    stub = start_stub(tmp_path, "--pad", "20000")  # chat answers only
+    try:
+        env = {"GRM_CANARY": "false", "GRM_MAX_RESPONSE_BYTES": "16384"}
+        with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+                             timeout=60, env=env) as gw:
+            r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                           json={"messages": [{"role": "user", "content": "x"}]})
+            refused(r, 502, "r0: the answer is over 16384 bytes", "GRM_MAX_RESPONSE_BYTES")
+            assert r.json()["error"]["type"] == "response_too_large"
+            # The half-read connection was dropped; the replica is still served.
+            r = httpx.post(gw.url + "/classify", json={"input": "x"}, timeout=30)
+            assert r.status_code == 200, r.text
+    finally:
+        stub.stop()
 
 
 # -- memory ----------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from grm_service.gateway.request.images import (
     is_data_url,
 )
 from grm_service.gateway.request.longstrings import Lifted
+from grm_service.gateway.request.surrogates import check_surrogates
 
 SEED_MAX = 2**63 - 1
 CHAT_PATH = "/v1/chat/completions"
@@ -202,11 +203,13 @@ def check_shared_size(name: str, value: Any) -> None:
 
 
 def check_json_shape(raw: bytes, max_depth: int, max_values: int) -> None:
-    """Bound nesting and value count of a JSON body on its bytes, before it is parsed.
+    """Bound nesting and value count of a JSON body on its bytes, before it is parsed, and
+    refuse lone surrogates (`surrogates.py`): what every edge checks of every body it reads.
 
     Runs at memchr speed on the bodies that matter for cost (a few long strings: images);
     a body of many small strings costs about a tenth of its parse.
     """
+    check_surrogates(raw)
     if len(raw) <= _SMALL_BODY and raw.count(b"{") + raw.count(b"[") <= max_depth:
         return  # depth <= brackets, values < bytes: nothing to scan
     values, depth = json_shape(raw)

@@ -1,0 +1,45 @@
+"""Lone UTF-16 surrogates in a JSON body, found on its bytes before it is parsed.
+
+JSON's grammar lets a string escape half of a surrogate pair (`"\\ud800"`), and Python's
+parser (with `surrogatepass`, as `json.loads` decodes bytes) also reads the UTF-8 form of one
+(`ED A0 80`), which is not valid UTF-8. Either becomes a `str` that cannot be encoded again:
+the canonical JSON, the request digest, the send to the replica and any error that echoes the
+input would fail on it. Such a body names no text at all (RFC 8259 section 8.2; I-JSON refuses
+it), so it is refused here, whole, with the offset of the first bad sequence.
+
+Cost: a body with no backslash and no 0xED byte (every base64 image) is two memchr passes; a
+body with escapes is one regex search per surrogate escape it holds.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grm_service.errors import InvalidRequest
+
+# UTF-8 of U+D800..U+DFFF: lead byte ED, then A0..BF (Hangul, U+D000..U+D7FF, has 80..9F).
+_ENCODED = re.compile(rb"\xed[\xa0-\xbf]")
+# A \u escape of a surrogate, preceded by an even run of backslashes (an odd run escapes the
+# backslash itself): a high half with its low half after it, a high half alone, or a low half.
+_ESCAPED = re.compile(
+    rb"(?<!\\)(?:\\\\)*\\u(?:([dD][89abAB][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+    rb"|[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def check_surrogates(raw: bytes) -> None:
+    """InvalidRequest naming the first lone surrogate in `raw`, escaped or encoded."""
+    if b"\xed" in raw:
+        found = _ENCODED.search(raw)
+        if found is not None:
+            raise InvalidRequest(
+                f"body byte {found.start()}: {found.group().hex(' ').upper()} ... is a UTF-16 "
+                "surrogate encoded as UTF-8, which is not valid UTF-8: send the text as UTF-8")
+    if b"\\u" not in raw:
+        return
+    for found in _ESCAPED.finditer(raw):
+        if found.group(2) is None:  # a low half alone, or a high half without its low
+            escape = raw[found.end() - 6:found.end()].decode("ascii")
+            raise InvalidRequest(
+                f"body byte {found.end() - 6}: the JSON escape {escape} is half of a UTF-16 "
+                "surrogate pair with no other half: a string must hold whole characters "
+                "(a pair such as \\ud83d\\ude00, or the character itself in UTF-8)")
