@@ -143,7 +143,9 @@ def produced(payload: Mapping[str, Any]) -> Any:
 
 
 def response_digest(payload: Mapping[str, Any]) -> str:
-    """Digest over what the model produced (`produced`)."""
+    """THE output digest, over what the model produced (`produced`: each choice's index,
+    content or a completion's `text`, logprobs; or a pooling answer's `data`). The served
+    fingerprint, the canaries and `verify` all compare this one."""
     return json_digest(produced(payload))
 
 

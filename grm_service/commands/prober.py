@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from grm_service.fingerprint import json_digest
+from grm_service.fingerprint import response_digest
 from grm_service.headers import PIN_HEADER
 from grm_service.probes import filler_requests
 
@@ -44,10 +44,11 @@ class Report:
 
 
 def output_of(payload: dict[str, Any]) -> Outcome:
-    """What must repeat bit for bit, and the fingerprint that explains it."""
+    """What must repeat bit for bit (`digest`: the response digest the answer's fingerprint
+    carries, computed here from the answer), and the fingerprint that explains it."""
     choices = [{"content": (c.get("message") or {}).get("content"), "logprobs": c.get("logprobs")}
                for c in payload.get("choices", [])]
-    return {"output": choices, "digest": json_digest(choices),
+    return {"output": choices, "digest": response_digest(payload),
             "fingerprint": payload.get("grm_fingerprint", {})}
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from grm_service.config import NondeterminismPolicy, Settings
-from grm_service.fingerprint import json_digest
+from grm_service.fingerprint import response_digest
 from grm_service.metrics import Metrics
 from grm_service.probes import builtin_probes, filler_requests
 from grm_service.replicas.pool import Replica
@@ -39,10 +39,11 @@ class Verdict:
     serialize: bool = False
 
 
-def _digest(payload: dict[str, Any]) -> str:
-    choices = [{"content": (c.get("message") or {}).get("content"),
-                "logprobs": c.get("logprobs")} for c in payload.get("choices", [])]
-    return json_digest(choices)
+def _digest(payload: Any) -> str:
+    """The answer's response digest, the one its fingerprint would carry."""
+    if not isinstance(payload, dict) or not payload.get("choices"):
+        raise ValueError("no choices")  # every answer would digest alike: nothing proven
+    return response_digest(payload)
 
 
 class Canary:

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 
 from grm_service import fingerprint
+from grm_service.commands.prober import output_of
 from grm_service.config import Settings
 from grm_service.engine_side.identity import ReplicaIdentity, compute_identity
 from grm_service.engines import ReplicaSpec, VllmCpu, VllmGpu
+from grm_service.replicas import canary
 
 
 def _model(tmp_path: Path) -> Path:
@@ -128,3 +130,34 @@ def test_response_digest_of_a_pooling_answer_covers_its_data() -> None:
     c = {"id": "x", "data": [{"index": 0, "probs": [0.5]}]}
     assert fingerprint.response_digest(a) == fingerprint.response_digest(b)
     assert fingerprint.response_digest(a) != fingerprint.response_digest(c)
+
+
+# Answers and their response digests as served before the canaries and `verify` shared this
+# function: the served digest must never move.
+CHAT_ANSWER = {"id": "chatcmpl-1", "created": 5, "choices": [
+    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Score: 7"},
+     "logprobs": {"content": [{"token": "Score", "logprob": -0.25, "bytes": [83],
+                               "top_logprobs": []}]}},
+    {"index": 1, "message": {"role": "assistant", "content": "caf\u00e9 1e-05"},
+     "logprobs": None}]}
+COMPLETION_ANSWER = {"choices": [{"index": 0, "text": "plain text", "logprobs": None}]}
+POOLING_ANSWER = {"data": [{"index": 0, "probs": [0.25, 0.75]}]}
+
+
+@pytest.mark.parametrize(("payload", "served"), [
+    (CHAT_ANSWER, "251a903faba74f7fb90e4adbe1823f67"),
+    (COMPLETION_ANSWER, "ec60810777d508e3e5b94f3fd92ff9b1"),
+    (POOLING_ANSWER, "9f360e6d89ed4c3080a96180569fbbd5"),
+])
+def test_response_digest_is_what_was_served(payload: dict[str, object], served: str) -> None:
+    assert fingerprint.response_digest(payload) == served
+
+
+def test_the_canary_and_verify_compare_the_served_digest() -> None:
+    swapped = {"choices": [{**c, "index": 1 - c["index"]} for c in CHAT_ANSWER["choices"]]}
+    for payload in (CHAT_ANSWER, swapped):
+        served = fingerprint.response_digest(payload)
+        assert output_of(payload)["digest"] == served
+        assert canary._digest(payload) == served
+    # Choices in another order are another answer to all three (they were alike to two).
+    assert fingerprint.response_digest(swapped) != fingerprint.response_digest(CHAT_ANSWER)
