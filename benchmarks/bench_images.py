@@ -169,7 +169,10 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
         def parse() -> Any:
             lifted = longstrings.Lifted()
             return hotpath.load_json(raw, lifted), lifted
-        canonical = longstrings.canonical_parts
+        try:  # one canonical module: the splice moved there
+            from grm_service.canonical import canonical_parts as canonical
+        except ImportError:
+            canonical = longstrings.canonical_parts
 
         def check(b: Any, lifted: Any) -> None:  # as proxy.check runs it
             checkpoint.check_images(checkpoint.scan("/v1/chat/completions", b, limits), limits,

@@ -16,33 +16,22 @@ Same values, same bytes, by construction (and by `tests/unit/gateway/request/tes
   A `NaN` literal parsed as a value where the string stood means the string literal parses
   there too, to those bytes; when the skeleton holds any other `NaN` text, or not every
   string came back as a value, or the skeleton does not parse, the whole body is parsed as is.
-- `canonical(body)`: the C encoder `json.dumps` uses, with the same arguments, except that a
-  long string with nothing to escape is written as a NUL placeholder (a character the encoder
-  never writes raw), and its bytes are spliced in at the placeholders afterwards. A string
-  `loads` lifted (`Lifted`) is known to need no escaping and its bytes are still in the body
-  read: those are spliced as they are, with no check and no copy. `canonical_parts` leaves
-  the pieces unjoined: the routing key, the request digest and the send to the replica take
-  them one after the other, and the image check decodes the base64 from the same bytes.
+- the canonical JSON (`grm_service.canonical.canonical_parts`, the one module that writes it)
+  takes the `Lifted` strings' bytes as they are, with no check and no copy: a lifted string
+  is known to need no escaping, and its bytes are still in the body read.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from json.encoder import c_encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-import numpy as np
-
-from grm_service.canonical import canonical_encoder
-
-# Strings shorter than this go through `json` as usual: below it the checks cost more than the
-# per-character loops they skip.
-LONG = 8192
+from grm_service.canonical import LONG as LONG  # lifted here, spliced there: one threshold
+from grm_service.canonical import has_control
 
 _TOKEN = b"NaN"  # stands for a lifted string in the text parsed; a client's NaN is refused
 _VALUE_ENDS = b",]}"
-_MARK = "\x00"  # the encoder escapes every control character a string holds: never written raw
 
 
 class _Refused(ValueError):
@@ -132,7 +121,7 @@ def _plain_value(raw: bytes, start: int, end: int) -> bool:
     if not after or after not in _VALUE_ENDS:
         return False
     view = memoryview(raw)[start:end]
-    return raw.find(b"\\", start, end) == -1 and not _has_control(view)
+    return raw.find(b"\\", start, end) == -1 and not has_control(view)
 
 
 def _lift(raw: bytes, spans: list[tuple[int, int]]) -> tuple[bytes, list[str] | None]:
@@ -150,51 +139,3 @@ def _lift(raw: bytes, spans: list[tuple[int, int]]) -> tuple[bytes, list[str] | 
     if any(_TOKEN in piece for piece in pieces[::2]):
         return raw, None
     return b"".join(pieces), strings
-
-
-def _has_control(data: bytes | memoryview) -> bool:
-    return int(np.frombuffer(data, dtype=np.uint8).min()) < 0x20
-
-
-# ---- canonical JSON -------------------------------------------------------------------------
-
-def canonical(body: Any, lifted: Lifted | None = None) -> bytes:
-    """`json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`,
-    i.e. `router.canonical_json(body)`."""
-    return b"".join(canonical_parts(body, lifted))
-
-
-def canonical_parts(body: Any, lifted: Lifted | None = None) -> list[bytes | memoryview]:
-    """`canonical(body)` in pieces that concatenate to it, the long strings uncopied: hashed
-    and sent as they are, the bytes are never joined."""
-    spliced: list[bytes | memoryview] = []
-
-    def encode_str(text: str) -> str:
-        if len(text) >= LONG:
-            data: bytes | memoryview | None = None if lifted is None else lifted.bytes_of(text)
-            if data is None:
-                data = _plain_bytes(text)
-            if data is not None:
-                spliced.append(data)
-                return _MARK
-        return c_encode_basestring(text)  # type: ignore[no-any-return]
-
-    encoded = "".join(canonical_encoder(encode_str)(body, 0)).encode()
-    if not spliced:
-        return [encoded]
-    parts = encoded.split(_MARK.encode())
-    out: list[bytes | memoryview] = [parts[0]]
-    for data, after in zip(spliced, parts[1:], strict=True):
-        out += (b'"', data, b'"', after)
-    return out
-
-
-def _plain_bytes(text: str) -> bytes | None:
-    """The string's bytes when they are its JSON form: ASCII (isascii is O(1): the string
-    knows its width) with no quote, backslash or control character."""
-    if not text.isascii():
-        return None
-    data = text.encode()
-    if b'"' in data or b"\\" in data or _has_control(data):
-        return None
-    return data

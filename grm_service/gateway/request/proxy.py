@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from grm_service.canonical import canonical_json
+from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities
@@ -40,7 +40,7 @@ from grm_service.replicas.pool import Replica, ReplicaPool
 log = logging.getLogger(__name__)
 
 
-# The canonical JSON of a body, in pieces (`longstrings.canonical_parts`): hashed and sent as is.
+# The canonical JSON of a body, in pieces (`canonical_parts`): hashed and sent as is.
 Body = list[bytes | memoryview]
 
 # Inline images above this many base64 characters are checked in a worker thread: below it the
@@ -282,7 +282,7 @@ async def forward(
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     inline = await check(gw, path, body, lifted)
     # Once: the routing key and the request digest share it. Inline images are long strings.
-    raw: Body = (longstrings.canonical_parts(body, lifted) if inline
+    raw: Body = (canonical_parts(body, lifted) if inline
                  else [canonical_json(body)])
     if gw.ledger is None or origin is None:
         return await _send(gw, path, body, raw, pin, audit)

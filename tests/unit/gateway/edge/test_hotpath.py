@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from grm_service.canonical import canonical_json
+from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.gateway.edge.hotpath import _NotPlain, load_json, plain_chat
 from grm_service.gateway.edge.schemas import ChatCompletionRequest
 from grm_service.gateway.request import longstrings
@@ -114,7 +114,7 @@ def test_bodies_with_long_strings_give_pydantic_bytes(body: Any) -> None:
         except _NotPlain:
             assert _pydantic(json.loads(raw)) is None or body.get("seed") is True
             continue
-        assert b"".join(longstrings.canonical_parts(parsed, lifted)) == _pydantic(json.loads(raw))
+        assert b"".join(canonical_parts(parsed, lifted)) == _pydantic(json.loads(raw))
         images = [s for s in _strings(parsed) if s == IMAGE]
         assert all(lifted.bytes_of(s) is not None for s in images), "parsed the slow way"
 

@@ -1,5 +1,6 @@
-"""`longstrings` gives exactly what `json` gives: the same Python values from `loads`, the same
-bytes from `canonical` (hence the same routing key and request digest), for every body.
+"""`longstrings.loads` and `canonical.canonical_parts` give exactly what `json` gives: the same
+Python values from `loads`, the same bytes from `canonical` (hence the same routing key and
+request digest), for every body.
 
 The reference for `canonical` is the definition of the canonical form, `json.dumps(body,
 sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`; for `loads`, the
@@ -23,13 +24,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from grm_service import fingerprint
-from grm_service.canonical import canonical_json
+from grm_service.canonical import KnownBytes, canonical_json, canonical_parts
 from grm_service.gateway.request import longstrings, router
 from grm_service.gateway.request.longstrings import LONG
 
 # Fixed bytes: the test ids carry them, and xdist's workers must collect the same ids.
 B64 = base64.b64encode(random.Random(3).randbytes(3 * LONG)).decode()
 IMAGE = "data:image/png;base64," + B64
+
+
+def canonical(body: Any, known: KnownBytes | None = None) -> bytes:
+    return b"".join(canonical_parts(body, known))
 
 
 def reference_canonical(body: Any) -> bytes:
@@ -117,7 +122,7 @@ SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 @given(BODIES)
 def test_canonical_is_json_dumps(body: Any) -> None:
     expected = outcome(lambda: reference_canonical(body))
-    assert same_outcome(outcome(lambda: longstrings.canonical(body)), expected)
+    assert same_outcome(outcome(lambda: canonical(body)), expected)
     assert same_outcome(outcome(lambda: canonical_json(body)), expected)
 
 
@@ -140,13 +145,13 @@ EDGE_BODIES: list[Any] = [
 @pytest.mark.parametrize("body", EDGE_BODIES)
 def test_canonical_edge_cases(body: Any) -> None:
     expected = outcome(lambda: reference_canonical(body))
-    assert same_outcome(outcome(lambda: longstrings.canonical(body)), expected)
+    assert same_outcome(outcome(lambda: canonical(body)), expected)
     assert same_outcome(outcome(lambda: canonical_json(body)), expected)
 
 
 def test_canonical_copies_a_plain_long_string() -> None:
     body = {"b": IMAGE, "a": [IMAGE, 1.5]}
-    assert longstrings.canonical(body) == (
+    assert canonical(body) == (
         b'{"a":["' + IMAGE.encode() + b'",1.5],"b":"' + IMAGE.encode() + b'"}')
 
 
@@ -156,7 +161,7 @@ def test_canonical_of_a_circular_body_fails_like_json() -> None:
     with pytest.raises(ValueError, match="Circular"):
         reference_canonical(body)
     with pytest.raises(ValueError, match="Circular"):
-        longstrings.canonical(body)
+        canonical(body)
 
 
 # ---- loads ----------------------------------------------------------------------------------
@@ -181,7 +186,7 @@ def test_loads_is_json_loads(body: Any) -> None:
 
 def _parsed_then_canonical(raw: bytes, change: Callable[[Any], Any]) -> bytes:
     lifted = longstrings.Lifted()
-    return longstrings.canonical(change(longstrings.loads(raw, lifted=lifted)), lifted)
+    return canonical(change(longstrings.loads(raw, lifted=lifted)), lifted)
 
 
 @SLOW
@@ -206,7 +211,7 @@ def test_lifted_strings_are_spliced_as_sent() -> None:
     assert lifted.bytes_of(body["a"]) == "é".encode() * LONG  # non-ASCII: still its JSON form
     assert lifted.bytes_of(IMAGE) is None  # an equal string is not the lifted one
     body["c"] = body["b"][:-1] + "\x00"  # a new long string: checked, escaped
-    assert longstrings.canonical(body, lifted) == reference_canonical(body)
+    assert canonical(body, lifted) == reference_canonical(body)
 
 
 def _mutate(raw: bytes, at: int, action: str, byte: bytes) -> bytes:
@@ -327,6 +332,6 @@ def test_canonical_parts_join_to_the_canonical_bytes() -> None:
     raw = b'{"b":"' + IMAGE.encode() + b'","a":[1,"' + IMAGE.encode() + b'"]}'
     lifted = longstrings.Lifted()
     body = longstrings.loads(raw, lifted=lifted)
-    parts = longstrings.canonical_parts(body, lifted)
+    parts = canonical_parts(body, lifted)
     assert any(isinstance(p, memoryview) for p in parts)  # the image is not copied
     assert b"".join(parts) == reference_canonical(body)
