@@ -34,6 +34,7 @@ def encodable(raw: bytes) -> bool:
     (rb'{"a":"\ud83d\ud83d\ude00"}', "byte 6: the JSON escape \\ud83d"),
     (rb'{"a":"\\\ud800"}', "\\ud800"),  # an escaped backslash, then the escape
     (rb'{"\ud800":1}', "\\ud800"),  # in a key
+    (b'{"a":"' + b"\\n" * 2000 + rb'\ud800"}', "byte 4006: the JSON escape"),  # many escapes
     (b'{"a":"\xed\xa0\x80"}', "byte 6: ED A0 ... is a UTF-16 surrogate encoded as UTF-8"),
     (b'{"a":"\xed\xbf\xbf"}', "encoded as UTF-8"),
 ])
@@ -49,6 +50,7 @@ def test_lone_surrogates_are_refused_naming_where(raw: bytes, where: str) -> Non
     rb'{"a":"\ud83d\ude00"}',  # a pair, as json.dumps (ensure_ascii) writes an emoji
     rb'{"a":"\uD83D\uDE00\ud800\udc00"}',
     rb'{"a":"\\ud800"}',  # an escaped backslash and the letters ud800: no escape
+    b'{"a":"' + b"\\\\ud800 \\ud83d\\ude00 " * 600 + b'"}',  # many escapes: the regex pass
     rb'{"a":"\\\\ud800"}',
     '{"a":"\U0001f600 \ud55c\uad6d\uc5b4 \ud7a3"}'.encode(),  # Hangul: ED 80..9F lead bytes
     rb'{"a":"\u00e9\ud7ff\ue000"}',  # next to the surrogate range
