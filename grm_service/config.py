@@ -274,6 +274,28 @@ class Settings(BaseSettings):
                              f"{needed} or lower the image limit")
         return self
 
+    @model_validator(mode="after")
+    def _gpus_fit_tensor_parallel(self) -> Settings:
+        """A replica takes `tensor-parallel-size` distinct GPUs of `--gpus` (it wraps around the
+        list, so replicas may share GPUs, but one replica never takes the same GPU twice)."""
+        tp, distinct = self.tensor_parallel_size, len(set(self.gpus))
+        if self.gpus and tp > distinct:
+            raise ValueError(f"--tensor-parallel-size {tp} needs {tp} distinct GPUs per replica "
+                             f"but --gpus {','.join(map(str, self.gpus))} lists {distinct}: list "
+                             f"at least {tp} (e.g. --gpus {','.join(map(str, range(tp)))})")
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """vLLM's `--tensor-parallel-size`/`-tp` among the engine args (the last one wins)."""
+        tp = "1"
+        for i, arg in enumerate(self.engine_args):
+            if arg in ("--tensor-parallel-size", "-tp") and i + 1 < len(self.engine_args):
+                tp = self.engine_args[i + 1]
+            elif arg.startswith(("--tensor-parallel-size=", "-tp=")):
+                tp = arg.split("=", 1)[1]
+        return int(tp) if tp.isdigit() else 1
+
     def all_api_keys(self) -> list[str]:
         keys = list(self.api_keys)
         if self.api_keys_file is not None:

@@ -182,6 +182,7 @@ class Fingerprint(BaseModel):
     engine: str
     engine_version: str
     device: str | None
+    tensor_parallel_size: int | None = None
     replica: str
     serialized: bool
     request_digest: str

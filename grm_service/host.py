@@ -64,6 +64,19 @@ def gpu_facts() -> tuple[tuple[str, str], ...]:
 
 
 @cache
+def gpu_listing() -> str:
+    """`nvidia-smi -L`: each GPU's index, model and UUID, and its MIG instances; empty without
+    nvidia-smi (parsed by `grm_service.gpus`)."""
+    if not shutil.which("nvidia-smi"):
+        return ""
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@cache
 def cpu_model() -> str:
     """CPU model and the vector extensions that pick CPU kernels (AVX2 vs AVX-512 differ)."""
     try:

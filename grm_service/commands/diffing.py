@@ -22,9 +22,13 @@ _CAUSES = (
     ("model_hash", "model hash differs (different weights, tokenizer or config)"),
     ("engine_version", "engine version differs"),
     ("device", "device differs"),
+    ("tensor_parallel_size", "tensor-parallel size differs (another reduction order: other bits)"),
     ("env_digest", "env digest differs"),
     ("request_digest", "request differs (prompt, image or sampling)"),
 )
+
+# Fingerprint fields newer than some result files: compared only where both sides recorded them.
+_RECENT = frozenset({"tensor_parallel_size"})
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ def explain(a: dict[str, Any], b: dict[str, Any],
         return ItemDiff(str(a["id"]), "no fingerprint on one side (an error item?)",
                         f"{detail}; errors: {a.get('error')!r} vs {b.get('error')!r}")
     for key, cause in _CAUSES:
+        if key in _RECENT and not (key in fa and key in fb):
+            continue  # a result file from before the field existed: the env digest tells
         if fa.get(key) != fb.get(key):
             if key == "env_digest" and identities is not None:
                 changes = env_input_changes(*identities)

@@ -34,10 +34,12 @@ from pydantic import BaseModel, ConfigDict
 
 from grm_service import determinism
 from grm_service.fingerprint import env_digest, fingerprint_id, json_digest, model_hash
+from grm_service.gpus import parse_listing, visible_devices
 from grm_service.host import (
     cpu_model,
     distribution_version,
     gpu_facts,
+    gpu_listing,
     torch_cuda_version,
 )
 
@@ -153,15 +155,17 @@ def engine_name() -> str:
 
 
 def device_of(engine: str, env: Mapping[str, str]) -> str:
+    """The model of each device the replica computes on, with the driver; never its ids, so a
+    replica on GPU 1 names the same device as one on GPU 0 of the same model (`gpus.py`)."""
     if engine == "vllm-cpu":
         return cpu_model()
     facts = gpu_facts()
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-        facts = tuple(facts[i] for i in ids if i < len(facts)) or facts
-    names = sorted({f"{name} (driver {driver})" for name, driver in facts})
-    return ", ".join(names) or "no-gpu-visible"
+    listing = parse_listing(gpu_listing())
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    # Without `nvidia-smi -L`, the query's rows (no mask applied: nothing to match it against).
+    models = visible_devices(listing, mask) if listing else [name for name, _ in facts]
+    driver = facts[0][1] if facts else "unknown"
+    return ", ".join(sorted({f"{name} (driver {driver})" for name in models})) or "no-gpu-visible"
 
 
 def _local_model_dir(model: str) -> Path | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from grm_service.config import Settings
-from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE, arg_value
+from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE
 from grm_service.host import distribution_version
 from grm_service.metrics import MULTIPROCESS_ENV
 
@@ -116,5 +116,4 @@ class Engine(ABC):
         return args + list(s.engine_args)
 
     def tensor_parallel_size(self) -> int:
-        value = arg_value(self.settings.engine_args, "--tensor-parallel-size", "-tp")
-        return int(value) if value and value.isdigit() else 1
+        return self.settings.tensor_parallel_size

@@ -69,6 +69,8 @@ class VllmGpu(Engine):
         env = {"VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"), "TMPDIR": str(spec.tmp_dir),
                vllm_plugin.REPLICA_ENV: "1"}  # the plugin acts only where this is set
         if spec.gpus:
+            # `--gpus` ids are nvidia-smi's; CUDA counts fastest-first unless told PCI order.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         return env
 

@@ -59,7 +59,8 @@ class Stamps:
             "identity": "verified" if ident.verified else "unverified", "seed": seed,
             "model_hash": ident.model_hash, "env_digest": ident.env_digest,
             "engine": ident.engine, "engine_version": ident.engine_version,
-            "device": ident.device, "replica": replica,
+            "device": ident.device, "tensor_parallel_size": ident.tensor_parallel_size,
+            "replica": replica,
         }
         stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1])
         self._cache[(replica, seed)] = (ident, stamp)

@@ -9,6 +9,7 @@ import pytest
 from grm_service.commands.diffing import NONDETERMINISM, UNPROVEN, diff_runs, explain, load_results
 
 FP = {"fingerprint_id": "grm-1", "identity": "verified", "device": "H200", "seed": 42,
+      "tensor_parallel_size": 1,
       "model_hash": "blake3:aa", "engine": "vllm",
       "engine_version": "0.25.0", "env_digest": "e1", "replica": "r0", "serialized": False,
       "request_digest": "q1", "response_digest": "p1"}
@@ -30,6 +31,7 @@ def item(score: float = 0.5, response: str = "abc", **fp: Any) -> dict[str, Any]
         (item(0.7, response_digest="p2", replica="r1"), NONDETERMINISM),
         (item(0.7, identity="unverified", model_hash=None), "one side's replicas proved"),
         (item(0.7, device="A100", env_digest="e2"), "device differs"),
+        (item(0.7, tensor_parallel_size=2, env_digest="e2"), "tensor-parallel size differs"),
     ],
 )
 def test_explain_names_the_first_differing_component(b: dict[str, Any], cause: str) -> None:
@@ -71,3 +73,14 @@ def test_same_unverified_fingerprint_is_not_called_nondeterminism() -> None:
     b = item(0.7, "abd", identity="unverified", model_hash=None, env_digest=None)
     found = explain(a, b)
     assert found is not None and found.cause == UNPROVEN
+
+
+def test_a_result_file_without_the_tensor_parallel_size_falls_back_to_the_env_digest() -> None:
+    old = item()
+    del old["fingerprint"]["tensor_parallel_size"]
+    found = explain(old, item(0.7, tensor_parallel_size=2, env_digest="e2"))
+    assert found is not None and found.cause.startswith("env digest differs"), found
+    ident_a = {"env_inputs": {"numerics": {"tensor_parallel_size": 1}}}
+    ident_b = {"env_inputs": {"numerics": {"tensor_parallel_size": 2}}}
+    found = explain(old, item(0.7, env_digest="e2"), (ident_a, ident_b))
+    assert found is not None and "numerics.tensor_parallel_size: 1 vs 2" in found.cause

@@ -72,3 +72,11 @@ def test_the_reference_identity_is_shown_with_each_replicas_fingerprint() -> Non
     assert (shown.engine, shown.device, shown.serialized) == ("vllm", "NVIDIA H200 (driver 1)",
                                                               False)
     assert shown.env_inputs == ref.env_inputs and shown.unknown == []
+
+
+def test_a_tensor_parallel_replica_shows_its_size_in_the_fingerprint() -> None:
+    ref = reported(tensor_parallel_size=2, env_digest="e-tp2")
+    pool = ReplicaPool([Replica("r0", "u", identity=ref)])
+    shown = describe(SETTINGS, ref, capabilities_of(SETTINGS, ref), pool)
+    assert shown.tensor_parallel_size == 2
+    assert shown.fingerprint_id != reported().fingerprint_id(5)

@@ -4,6 +4,7 @@ pre-rendered fixed part, must give exactly the bytes of the pydantic `Fingerprin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -49,7 +50,8 @@ def pydantic_route(payload: dict[str, Any], fp: Fingerprint) -> bytes:
 @pytest.mark.parametrize("payload", PAYLOADS)
 @pytest.mark.parametrize("alone", [False, True])
 @pytest.mark.parametrize("ident", [identity(), identity(verified=False, model_hash=None,
-                                                         env_digest=None, device=None)])
+                                                         env_digest=None, device=None),
+                                   identity(tensor_parallel_size=2)])
 def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], alone: bool,
                                                       ident: ReplicaIdentity) -> None:
     stamp = Stamps().get("replica-0", ident, 7)
@@ -59,7 +61,8 @@ def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], a
         fingerprint_id=ident.fingerprint_id(7), identity="verified" if ident.verified
         else "unverified", seed=7, model_hash=ident.model_hash, env_digest=ident.env_digest,
         engine=ident.engine, engine_version=ident.engine_version, device=ident.device,
-        replica="replica-0", serialized=alone, request_digest=digest(RAW),
+        tensor_parallel_size=ident.tensor_parallel_size, replica="replica-0", serialized=alone,
+        request_digest=digest(RAW),
         response_digest=response_digest(payload))
     # `cache` is there only on answers served from the ledger (grm_service/ledger/cache.py).
     assert list(fields) == [name for name in Fingerprint.model_fields if name != "cache"]
@@ -79,3 +82,10 @@ def test_stamps_follow_the_replicas_identity_object() -> None:
     renewed = stamps.get("r0", second, 1)  # re-admitted with another identity
     assert renewed.fields["engine_version"] == "0.26.0"
     assert renewed.fields["fingerprint_id"] == second.fingerprint_id(1)
+
+
+def test_every_answer_names_the_tensor_parallel_size_of_its_replica() -> None:
+    payload = PAYLOADS[0]
+    stamp = Stamps().get("r0", identity(tensor_parallel_size=2), 7)
+    answer = Forwarded(payload, fingerprint_fields(stamp, False, [RAW], payload), stamp.json)
+    assert json.loads(render(answer))["grm_fingerprint"]["tensor_parallel_size"] == 2
