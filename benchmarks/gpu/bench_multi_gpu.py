@@ -14,11 +14,15 @@ Replica sets are named `NAME=GPUS[:TP]`: `serve --replicas len(GPUS)/TP --gpus G
   tp     --set tp2=0,1:2 against --set tp1=0,1 (two TP=1 replicas on the same GPUs): the
          sampling groups on each (alone / co-batched and shuffled / pinned), TP=2 vs TP=1
          answers, both fingerprints and what `grm-service diff` says about them, throughput,
-         verify on the TP=2 set, then a restart of the TP=2 gateway and its answers again.
+         verify on the TP=2 set.
+  restart  one set started afresh (a new process, compile caches kept): its alone answers and
+         fingerprint against those of a `tp` run (--reference, that run's --out).
 
     python3 benchmarks/gpu/bench_multi_gpu.py scale --set 1gpu=0 --set 2gpu=0,1 --workers-n 8 \
         --out $OUT/multi-scale.json
-    python3 benchmarks/gpu/bench_multi_gpu.py tp --set tp2=0,1:2 --set tp1=0,1 --out $OUT/tp.json
+    python3 benchmarks/gpu/bench_multi_gpu.py tp --set tp2=0,1:2 --set tp1=0,1 --out /tmp/tp.json
+    python3 benchmarks/gpu/bench_multi_gpu.py restart --set tp2=0,1:2 --reference /tmp/tp.json \
+        --out $OUT/tp-restart.json
     python3 benchmarks/gpu/bench_multi_gpu.py scale --set dry=0,0 --workers-n 4 --rounds 2 \
         --out $OUT/dry.json          # one GPU: two replicas on it (a dry run, not a scaling figure)
 """
@@ -29,7 +33,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -88,16 +91,6 @@ def attach(procs: list[Proc], gw: Proc, workers: int) -> Proc:
     urls = [a for url in replica_urls(gw).values() for a in ("--backend-url", url)]
     return gateway(procs, f"{gw.name}-w{workers}", [*urls, "--served-model-name", MODEL], [],
                    workers)
-
-
-def stop(procs: list[Proc], proc: Proc) -> None:
-    os.killpg(proc.popen.pid, signal.SIGTERM)
-    try:
-        proc.popen.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.popen.pid, signal.SIGKILL)
-        proc.popen.wait()
-    procs.remove(proc)
 
 
 def identities(gw: Proc) -> dict[str, Any]:
@@ -189,8 +182,7 @@ def diff_says(work: Path, a: dict[str, Any], b: dict[str, Any], idents: list[Any
     return run.stdout[-6000:]
 
 
-async def tp_checks(args: argparse.Namespace, procs: list[Proc], gws: list[Proc],
-                    sets: list[tuple[str, str, int]]) -> dict[str, Any]:
+async def tp_checks(args: argparse.Namespace, gws: list[Proc]) -> dict[str, Any]:
     """gws[0] is the TP=2 set, gws[1] the TP=1 set on the same GPUs."""
     result: dict[str, Any] = {}
     tp2, tp1 = gws
@@ -207,18 +199,25 @@ async def tp_checks(args: argparse.Namespace, procs: list[Proc], gws: list[Proc]
                                                 for g in gws])
         await throughput(s, [Target(g.name, g.url, g.popen.pid) for g in gws], args, result)
         result["verify"] = await verify_probe(tp2.url, args.probes, args.probe_tokens)
-        if args.restart:
-            stop(procs, tp2)
-            name, gpus, tp = sets[0]
-            again = launch(procs, args, name, gpus, tp)
-            wait_ready([again], args.ready_timeout)
-            pairs = sampling_groups.group_bodies(MODEL, args.per_group, args.group_tokens)
-            after = await sampling_groups.answers(s, again.url, [b for _, b in pairs], 1)
-            result["restart_differing"] = sampling_groups.differing(
-                a["groups"], sampling_groups.bits(a["alone"]), sampling_groups.bits(after))
-            result["restart_fingerprint"] = get_json(again.url + "/v1/fingerprint")[1]
-            print(f"  TP=2 after a restart vs before, alone: differing "
-                  f"{result['restart_differing']}", flush=True)
+    return result
+
+
+async def restarted(args: argparse.Namespace, gw: Proc) -> dict[str, Any]:
+    """A fresh start of a set that `tp` measured: its alone answers against those of --reference
+    (the `tp` run's JSON), and its fingerprint against the one that run saw."""
+    before = json.loads(args.reference.read_text())
+    ref = before[f"groups_{gw.name}"]
+    pairs = sampling_groups.group_bodies(MODEL, ref["per_group"], ref["tokens"])
+    async with session() as s:
+        after = await sampling_groups.answers(s, gw.url, [b for _, b in pairs], 1)
+    fingerprint = get_json(gw.url + "/v1/fingerprint")[1]
+    result = {"restart_differing": sampling_groups.differing(
+                  ref["groups"], sampling_groups.bits(ref["alone"]), sampling_groups.bits(after)),
+              "fingerprint_before": before["identities"][gw.name]["gateway"]["fingerprint_id"],
+              "fingerprint_after": fingerprint["fingerprint_id"]}
+    print(f"  {gw.name} restarted vs before, alone: differing {result['restart_differing']}; "
+          f"fingerprint {result['fingerprint_before']} -> {result['fingerprint_after']}",
+          flush=True)
     return result
 
 
@@ -237,7 +236,7 @@ def start(procs: list[Proc], args: argparse.Namespace) -> list[Proc]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["scale", "tp"])
+    parser.add_argument("phase", choices=["scale", "tp", "restart"])
     parser.add_argument("--set", type=parse_set, action="append", required=True)
     parser.add_argument("--vl", default="/tmp/models/vl")
     parser.add_argument("--mem", default="0.35", help="GPU memory share of each replica")
@@ -250,7 +249,7 @@ def main() -> None:
     parser.add_argument("--probe-tokens", type=int, default=24)
     parser.add_argument("--per-group", type=int, default=16)
     parser.add_argument("--group-tokens", type=int, default=32)
-    parser.add_argument("--no-restart", dest="restart", action="store_false")
+    parser.add_argument("--reference", type=Path, help="restart: the tp run's --out JSON")
     parser.add_argument("--ready-timeout", type=float, default=420)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -261,10 +260,14 @@ def main() -> None:
             attached = [attach(procs, gw, args.workers_n) for gw in gws] if args.workers_n else []
             wait_ready(attached, 120)
             result = asyncio.run(scale(args, gws, attached))
-        else:
+        elif args.phase == "tp":
             if len(gws) != 2:
                 parser.error("tp compares two sets: --set tp2=0,1:2 --set tp1=0,1")
-            result = asyncio.run(tp_checks(args, procs, gws, args.set))
+            result = asyncio.run(tp_checks(args, gws))
+        elif args.phase == "restart":
+            if args.reference is None:
+                parser.error("restart compares with a tp run: --reference TP.json")
+            result = asyncio.run(restarted(args, gws[0]))
         result["argv"] = " ".join(["bench_multi_gpu.py", *sys.argv[1:]])
         result["seconds"] = round(time.monotonic() - started, 1)
         args.out.write_text(json.dumps(result, indent=1))
