@@ -11,6 +11,8 @@ OUT=${OUT:-/tmp/grm-gpu}; mkdir -p "$OUT"
 bash .stage/c2/device_setup.sh || exit 3
 export PYTHONPATH=$PWD/.gpu-src:/tmp/vsite PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 GRM_GPU_LOG_DIR=/tmp/grm-multi-$NAME
+# NVLink multicast stays off on shared multi-GPU hosts (the device notes), for every child too.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi -L | tee "$OUT/$NAME-gpus.txt"
 timeout -s INT "${GRM_GPU_TIMEOUT:-560}" python3 .gpu-src/benchmarks/gpu/bench_multi_gpu.py "$@" \
   --out "/tmp/$NAME.json" 2>&1 | tee "$OUT/$NAME.log"
