@@ -1,7 +1,7 @@
 """The gateway's own CPU per request, without sockets: a steadier figure than a wrk run on a
 shared machine, for comparing two versions of the hot path.
 
-The real protocol (`hot_protocol`), app (`create_app`, lifespan included) and proxy serve
+The real protocol (`protocol_for`), app (`create_app`, lifespan included) and proxy serve
 chat requests on C in-memory keep-alive connections; the replica hop is an in-memory connection
 of the real upstream pool that answers every request with one recorded STUB answer. Two STUB
 replicas run for admission only. Prints the CPU time per request (min and median of the bursts).
@@ -41,8 +41,9 @@ import procs
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
 from grm_service.gateway.edge.hotpath import HotPath
-from grm_service.gateway.edge.protocol import hot_protocol
+from grm_service.gateway.edge.protocol_check import protocol_for
 from grm_service.gateway.request.upstream import Upstream, _Connection, _Target
+from grm_service.gateway.service import Service
 
 _ANSWER = (b'{"id":"chatcmpl-stub","object":"chat.completion","created":0,"model":"rm",'
            b'"choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":'
@@ -129,15 +130,17 @@ class _Clients:
 
 async def _run(args: argparse.Namespace, urls: list[str]) -> None:
     settings = Settings(backend_urls=urls, served_model_name=procs.STUB_MODEL, serialize="off")
-    app = create_app(settings)
-    protocol = hot_protocol(settings.max_body_bytes)
+    service = Service(settings)
+    app = create_app(service)
+    protocol = protocol_for(service)
     config = uvicorn.Config(app, lifespan="on", http=protocol, access_log=False,
-                            log_level="warning", proxy_headers=False)
+                            log_level="warning", proxy_headers=False, ws="none")
     config.load()
     lifespan = LifespanOn(config)
     await lifespan.startup()
     assert isinstance(app, HotPath)
-    gw = app.app.state.gateway  # the FastAPI app's state, set by the lifespan
+    gw = service.gateway  # set by the lifespan
+    assert gw is not None
     while len(gw.pool.ready()) < len(urls):
         await asyncio.sleep(0.2)
     gw.client = _MemoryUpstream(settings.request_timeout_s)

@@ -165,6 +165,17 @@ class Settings(BaseSettings):
         32 << 20, ge=1024,
         description="Largest request body -> 413 (default: one largest image, base64, fits).",
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time from a request's first byte to its last header -> 408.")
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Time from a request's headers to its last body byte -> 408.")
+    max_connections: int = Field(
+        1000, ge=1, description="Open client connections per process; one more -> 503, closed.")
+    max_bytes_in_flight: int = Field(
+        128 << 20, ge=1024,
+        description="Request body bytes received and not yet answered, per process; a request "
+        "that would pass it -> 503 with Retry-After, before its body is read.",
+    )
     max_image_bytes: int = Field(20 << 20, ge=1, description="Largest decoded image.")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image (width*height).")
     image_decode: bool = Field(
@@ -272,6 +283,10 @@ class Settings(BaseSettings):
             raise ValueError(f"GRM_MAX_BODY_BYTES={self.max_body_bytes} cannot carry one image of "
                              f"GRM_MAX_IMAGE_BYTES={self.max_image_bytes} (base64): raise it to "
                              f"{needed} or lower the image limit")
+        if self.max_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(f"GRM_MAX_BYTES_IN_FLIGHT={self.max_bytes_in_flight} is below "
+                             f"GRM_MAX_BODY_BYTES={self.max_body_bytes}: one largest body would "
+                             "never be admitted; raise it or lower the body limit")
         return self
 
     @model_validator(mode="after")

@@ -11,13 +11,13 @@ from typing import Any, Protocol
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
 from grm_service import __version__
 from grm_service.config import Launcher, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import select_engine
-from grm_service.errors import GrmError, error_body
+from grm_service.errors import GrmError
 from grm_service.gateway.edge import (
     routes_admin,
     routes_engines,
@@ -29,11 +29,13 @@ from grm_service.gateway.edge import (
 from grm_service.gateway.edge.guards import Guards
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.edge.middleware import MetricsMiddleware
+from grm_service.gateway.edge.replies import ReplyResponse, error_reply, validation_reply
 from grm_service.gateway.edge.score_body import add_score_schema
 from grm_service.gateway.request.audit import Auditor
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.role import WorkerRole
+from grm_service.gateway.service import Service
 from grm_service.ledger.book import Ledger
 from grm_service.metrics import Metrics
 from grm_service.replicas.admission import Admission, OutputCheck
@@ -152,13 +154,14 @@ async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
 
 
 def _lifespan(
-    settings: Settings, on_fatal: OnFatal | None, worker: WorkerRole | None
+    service: Service, on_fatal: OnFatal | None
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    settings, worker, metrics = service.settings, service.worker, service.metrics
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A bad --scorers entry fails start-up rather than the first request.
         log.info("scorers: %s", ", ".join(scorer_names(settings)))
-        metrics = Metrics(worker.metrics_dir if worker else None)
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
         admission = Admission(settings, probes, _output_checks(settings, metrics))
         side, close_side = _replica_side(settings, worker, metrics, admission, probes)
@@ -173,7 +176,7 @@ def _lifespan(
         # The reference identity: admission's where the keeper runs, else the snapshot's.
         (side if isinstance(side, Follower) else admission).on_reference(
             lambda ref: _settled(gw, ref))
-        app.state.gateway = gw
+        service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
         if ledger is not None:
@@ -200,40 +203,27 @@ def _lifespan(
     return lifespan
 
 
-async def _grm_error(request: Request, exc: Exception) -> JSONResponse:
+async def _grm_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GrmError)
-    headers = {"retry-after": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
-    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
+    return ReplyResponse(error_reply(exc))
 
 
-def validation_body(exc: RequestValidationError) -> dict[str, object]:
-    """FastAPI's `{"detail": [...]}` as OpenAI's error object, so SDK users read which field is
-    wrong and how (an OpenAI client shows `error.message`, not FastAPI's detail)."""
-    problems = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
-    first = exc.errors()[0] if exc.errors() else {}
-    param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
-    return {"error": {"message": "; ".join(problems) or "invalid request",
-                      "type": "invalid_request_error", "param": param, "code": 422}}
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return JSONResponse(validation_body(exc), status_code=422)
+    return ReplyResponse(validation_reply(exc.errors()))
 
 
-def create_app(settings: Settings, on_fatal: OnFatal | None = None,
-               worker: WorkerRole | None = None) -> HotPath:
-    """The hot routes (api/hotpath.py) in front of the FastAPI app, which serves the rest.
-    `worker`: this process is one of `serve --workers N` (workers.py)."""
+def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
+    """The hot routes (edge/hotpath.py) in front of the FastAPI app, which serves the rest;
+    every edge holds `service`, the one composition root."""
+    settings = service.settings
     app = FastAPI(title="grm-service", version=__version__,
-                  lifespan=_lifespan(settings, on_fatal, worker))
+                  lifespan=_lifespan(service, on_fatal))
+    app.state.service = service  # the routes' dependencies (edge/deps.py) read it
     app.add_exception_handler(GrmError, _grm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(Guards, settings=settings)
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(MetricsMiddleware, requests=service.requests)
     app.include_router(routes_admin.router)
     app.include_router(routes_engines.router)
     app.include_router(routes_openai.router)
@@ -241,7 +231,7 @@ def create_app(settings: Settings, on_fatal: OnFatal | None = None,
     app.include_router(routes_integrations.router)
     app.include_router(routes_ledger.router)
     _with_score_schema(app, settings)
-    return HotPath(app, settings, lambda: app.state)
+    return HotPath(app, service)
 
 
 def scorer_names(settings: Settings) -> list[str]:

@@ -37,3 +37,14 @@ def keep_freed_memory(keep_bytes: int) -> bool:
     # is set too: allocations below it come from the heap and are reused, not unmapped.
     ok = bool(mallopt(_M_MMAP_THRESHOLD, min(keep_bytes, _MMAP_THRESHOLD_MAX)))
     return bool(mallopt(_M_TRIM_THRESHOLD, keep_bytes)) and ok
+
+
+def release_freed(keep_bytes: int) -> bool:
+    """Hand freed heap memory back to the kernel, down to `keep_bytes` at the heap's top: after
+    a burst of large bodies, freed chunks between live ones are never trimmed otherwise
+    (glibc trims only the top of each arena). False where the C library has no `malloc_trim`."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(ctypes.c_size_t(keep_bytes))
+    return True

@@ -13,17 +13,19 @@ import uvicorn
 
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
-from grm_service.gateway.edge.protocol import hot_protocol
+from grm_service.gateway.edge.protocol import EdgeProtocol
+from grm_service.gateway.edge.protocol_check import protocol_for
 from grm_service.gateway.heap import keep_freed_memory
-from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.role import WorkerRole
+from grm_service.gateway.service import Service
 
 log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, service: Service, drain_timeout_s: float) -> None:
         super().__init__(config)
+        self.service = service
         self.drain_timeout_s = drain_timeout_s
         self._drain_requested = False
         self._drain_since: float | None = None
@@ -34,31 +36,19 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
         self._drain_requested = True
 
-    def _gateway(self) -> Gateway | None:
-        app = self.config.loaded_app if self.config.loaded else None
-        state = getattr(getattr(app, "app", app), "state", None)
-        # Middleware wraps the FastAPI app; walk down to the object that holds `state`.
-        while app is not None and state is None:
-            app = getattr(app, "app", None)
-            state = getattr(app, "state", None)
-        gw = getattr(state, "gateway", None)
-        return gw if isinstance(gw, Gateway) else None
-
     async def on_tick(self, counter: int) -> bool:
         if self._drain_requested and not self.should_exit:
             self._drain_step()
         return await super().on_tick(counter)
 
     def _drain_step(self) -> None:
-        gw = self._gateway()
         now = time.monotonic()
         if self._drain_since is None:
             self._drain_since = now
-            if gw is not None:
-                gw.draining = True
+            self.service.drain()
             log.info("draining: new requests get 503; waiting up to %.0f s for in-flight work",
                      self.drain_timeout_s)
-        busy = gw.inflight if gw is not None else 0
+        busy = self.service.inflight
         if busy == 0 or now - self._drain_since >= self.drain_timeout_s:
             log.info("drained (%d request(s) still in flight); shutting down", busy)
             self.should_exit = True
@@ -71,20 +61,25 @@ def run_server(
     in each serving process of `serve --workers N` (grm_service/workers/)."""
     failure: list[str] = []
     keep_freed_memory(settings.malloc_keep_bytes)
+    service = Service(settings, worker)
+    protocol = protocol_for(service)
     config = uvicorn.Config(None, host=settings.host, port=settings.port,  # type: ignore[arg-type]
                             log_level=log_level, lifespan="on", timeout_graceful_shutdown=30,
                             timeout_keep_alive=settings.keep_alive_s,
                             access_log=settings.access_log,
                             # X-Forwarded-For only changes the client address the access log shows.
                             proxy_headers=settings.access_log,
-                            http=hot_protocol(settings.max_body_bytes))
-    server = DrainingServer(config, settings.drain_timeout_s)
+                            # uvicorn's own bound, only where the check fell back to its protocol
+                            limit_concurrency=(None if issubclass(protocol, EdgeProtocol)
+                                               else settings.max_connections),
+                            ws="none", http=protocol)
+    server = DrainingServer(config, service, settings.drain_timeout_s)
 
     def fatal(message: str) -> None:
         failure.append(message)
         server.should_exit = True
 
-    config.app = create_app(settings, on_fatal=fatal, worker=worker)
+    config.app = create_app(service, on_fatal=fatal)
     # What start-up built (modules, the app, its schemas: ~80k objects) lives as long as the
     # process: kept out of the cycle collector, whose full passes would otherwise walk it all
     # every few thousand requests (measured ~5 us per request on the hot path).

@@ -14,16 +14,18 @@ from grm_service.config import Settings
 from grm_service.gateway.app import create_app
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.service import Service
 
 
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, ready: bool = True,
                   timeout_s: float = 10) -> AsyncIterator[tuple[HotPath, Gateway]]:
     """The app and its gateway while the lifespan runs; with `ready`, once every replica is."""
-    hot = create_app(settings)
+    hot = create_app(Service(settings))
     app = cast(FastAPI, hot.app)
     async with app.router.lifespan_context(app):
-        gw: Gateway = app.state.gateway
+        gw = hot.service.gateway
+        assert gw is not None
         async with asyncio.timeout(timeout_s):
             while ready and len(gw.pool.ready()) < len(gw.pool.replicas):
                 await asyncio.sleep(0.01)

@@ -1,4 +1,4 @@
-"""Request-scoped access to the objects the lifespan built."""
+"""Request-scoped access to the objects the composition root (gateway/service.py) holds."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from typing import cast
 
 from fastapi import Request
 
+from grm_service.errors import ServiceUnavailable
 from grm_service.gateway.edge.guards import presented_key
 from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.service import Service
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
 from grm_service.ledger.records import Origin
 
@@ -15,11 +17,15 @@ from grm_service.ledger.records import Origin
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
 # (and GIL handoff) per request for what is an attribute read.
 async def gateway(request: Request) -> Gateway:
-    return cast(Gateway, request.app.state.gateway)
+    gw = cast(Service, request.app.state.service).gateway
+    if gw is None:
+        raise ServiceUnavailable("the service is starting: retry later", retry_after=1)
+    return gw
 
 
 async def pinned_replica(request: Request) -> str | None:
-    """Routing override for checks that must reach one replica (e.g. `verify`)."""
+    """Routing override for checks that must reach one replica (e.g. `verify`); a repeated
+    header never reaches a route (`Guards`)."""
     return request.headers.get(PIN_HEADER)
 
 

@@ -1,18 +1,19 @@
-"""Body-size limit, JSON shape bounds and bearer-key auth as plain ASGI middleware (before any
-body is parsed: a parser given a 900-deep or million-value body recurses or allocates first and
-fails later)."""
+"""Repeated singleton headers, bearer-key auth, body-size limit and JSON shape bounds as plain
+ASGI middleware (before any body is parsed: a parser given a 900-deep or million-value body
+recurses or allocates first and fails later)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import hmac
-import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grm_service.config import Settings
 from grm_service.errors import GrmError
+from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.replies import refusal, send_reply
 from grm_service.gateway.request.checkpoint import check_json_shape
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
@@ -21,16 +22,13 @@ METRICS_PATHS = frozenset({"/metrics", "/metrics/targets", "/metrics/engine"})
 # Set in the ASGI scope's state: whether the request carried a valid key (or none is needed).
 # Open paths read it to decide how much to show (e.g. /ready's replica details).
 AUTHORIZED = "grm_authorized"
+# Set in the scope by the protocol (edge/protocol.py): the request's head, parsed once.
+HEAD = "grm.head"
 
 
-Headers = list[tuple[bytes, bytes]]
-
-
-async def _refuse(send: Send, status: int, message: str, headers: Headers) -> None:
-    body = json.dumps({"error": {"message": message, "type": "refused", "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *headers]})
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(send: Send, status: int, message: str,
+                  headers: dict[str, str] | None = None) -> None:
+    await send_reply(send, refusal(status, message, headers))
 
 
 def presented_key(header: bytes) -> bytes | None:
@@ -68,26 +66,25 @@ class Guards:
         self.keys = [key.encode() for key in settings.all_api_keys()]
         self.open_paths = OPEN_PATHS if settings.metrics_auth else OPEN_PATHS | METRICS_PATHS
 
-    def _has_key(self, scope: Scope) -> bool:
-        if not self.keys:
-            return True
-        return key_ok(dict(scope["headers"]).get(b"authorization", b""), self.keys)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        has_key = self._has_key(scope)
+        head: RequestHead = scope.get(HEAD) or RequestHead(scope["headers"])
+        if head.repeated:
+            await _refuse(send, 400, f"header {head.repeated!r} sent more than once: send it "
+                          "once")
+            return
+        has_key = not self.keys or key_ok(head.authorization, self.keys)
         scope.setdefault("state", {})[AUTHORIZED] = has_key
         if not has_key and scope["path"] not in self.open_paths:
             await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
                           "<key>' (or the key as the URL's password)",
-                          [(b"www-authenticate", b"Bearer")])
+                          {"www-authenticate": "Bearer"})
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            size = int(declared)
-            await _refuse(send, 413, f"body is {size} bytes; the limit is {self.limit}", [])
+        if head.content_length > self.limit:
+            await _refuse(send, 413, f"body is {head.content_length} bytes; the limit is "
+                          f"{self.limit}")
             return
         await self._limited(scope, receive, send)
 
@@ -104,7 +101,7 @@ class Guards:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await _refuse(send, 413, f"body exceeds the limit of {self.limit} bytes", [])
+                await _refuse(send, 413, f"body exceeds the limit of {self.limit} bytes")
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -112,7 +109,7 @@ class Guards:
         try:
             check_json_shape(body, self.max_depth, self.max_values)
         except GrmError as err:
-            await _refuse(send, err.http_status, err.message, [])
+            await _refuse(send, err.http_status, err.message)
             return
         replayed = False
 

@@ -1,46 +1,70 @@
-"""Request metrics as plain ASGI middleware (no per-request task or body copy)."""
+"""The one metrics path of the edge: every answered request counted by route, status and the
+replica that answered, and its latency; the hot path records through the same object as the
+middleware around FastAPI."""
 
 from __future__ import annotations
 
 import time
 
+from prometheus_client import Counter, Histogram
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grm_service.metrics import Metrics
 
+_REPLICA = b"x-grm-replica"  # set by fingerprint_headers on every answer
+
+
+class RequestMetrics:
+    """`grm_requests` and `grm_request_duration_seconds`, their label children cached (a
+    `labels()` call takes a lock and builds tuples)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._counters: dict[tuple[str, int, str], Counter] = {}
+        self._latency: dict[str, Histogram] = {}
+
+    def record(self, route: str, status: int, replica: str, seconds: float) -> None:
+        key = (route, status, replica)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.metrics.requests.labels(
+                route=route, status=str(status), replica=replica)
+        latency = self._latency.get(route)
+        if latency is None:
+            latency = self._latency[route] = self.metrics.latency.labels(route=route)
+        counter.inc()
+        latency.observe(seconds)
+
 
 class MetricsMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    """Around the FastAPI app: the route template, the status sent and the replica header; a
+    failed handler counts as 500."""
+
+    def __init__(self, app: ASGIApp, requests: RequestMetrics) -> None:
         self.app = app
+        self.requests = requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        seen: dict[str, str] = {"status": "500", "replica": ""}
+        seen: list[object] = [500, ""]
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
-                seen["status"] = str(message["status"])
+                seen[0] = message["status"]
                 for key, value in message.get("headers", []):
-                    if key == b"x-grm-replica":
-                        seen["replica"] = value.decode()
+                    if key == _REPLICA:
+                        seen[1] = value.decode()
             await send(message)
 
         try:
             await self.app(scope, receive, capture)
         finally:
-            self._record(scope, seen, time.perf_counter() - start)
-
-    @staticmethod
-    def _record(scope: Scope, seen: dict[str, str], seconds: float) -> None:
-        state = getattr(scope.get("app"), "state", None)
-        gateway = getattr(state, "gateway", None)
-        metrics: Metrics | None = getattr(gateway, "metrics", None)
-        if metrics is None:
-            return
-        route = scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        metrics.requests.labels(route=path, status=seen["status"], replica=seen["replica"]).inc()
-        metrics.latency.labels(route=path).observe(seconds)
+            route = scope.get("route")
+            path = route.path if isinstance(route, Route) else "unmatched"
+            status, replica = seen
+            assert isinstance(status, int) and isinstance(replica, str)
+            self.requests.record(path, status, replica, time.perf_counter() - start)

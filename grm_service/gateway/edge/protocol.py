@@ -1,5 +1,6 @@
-"""uvicorn's httptools protocol, with one change for the hot routes: their request/response
-exchange skips ASGI and uvicorn's per-request cycle, and the answer leaves in ONE write.
+"""uvicorn's httptools protocol with the edge's limits (`EdgeProtocol`), and with one change
+for the hot routes (`HotHttpProtocol`): their request/response exchange skips ASGI and uvicorn's
+per-request cycle, and the answer leaves in ONE write.
 
 Why: uvicorn writes a response's head and body in two `send` calls, and an ASGI exchange builds
 message dicts, receive/send coroutines and a cycle object per request; on the gateway's hot path
@@ -7,43 +8,167 @@ that was a large share of the CPU per request (benchmarks/RESULTS.md, issue 14).
 protocol hands the body to `HotPath.serve` and writes the reply it returns.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
-no `Expect: 100-continue`, no upgrade, no earlier request of the connection still in flight, a
-request `HotPath.admit` takes (key, content type, size), an app that is the `HotPath` itself
-(no uvicorn middleware around it, as with proxy headers) and no access log. Anything else goes
-through uvicorn unchanged. A body `HotPath.serve` leaves to FastAPI gets a uvicorn cycle of its
-own, body included. Pipelined requests behind a hot one wait in uvicorn's own pipeline queue
-(the exchange stands in as the in-flight cycle).
+no `Expect: 100-continue`, no earlier request of the connection still in flight, a request
+`HotPath.admit` takes (key, content type, size, no repeated header), an app that is the
+`HotPath` itself (no uvicorn middleware around it, as with proxy headers) and no access log.
+Anything else goes through uvicorn unchanged. A body `HotPath.serve` leaves to FastAPI gets a
+uvicorn cycle of its own, body included. Pipelined requests behind a hot one wait in uvicorn's
+own pipeline queue (the exchange stands in as the in-flight cycle).
+
+Both classes lean on uvicorn's private protocol: `protocol_check.py` checks what they use at
+start-up and falls back (pyproject bounds uvicorn's version).
 """
 
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
+import math
+import time
 from typing import Any, cast
 
 import httptools
 from uvicorn._types import ASGI3Application, HTTPScope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply, _Request
+from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.hotpath import ADMITTED, CHAT, CLASSIFY, HEAD, HotPath
+from grm_service.gateway.edge.limits import EdgeLimits
+from grm_service.gateway.edge.replies import Reply, header_lines, refusal, wire
 from grm_service.gateway.request.proxy import Gateway
 
 log = logging.getLogger(__name__)
 
 _HOT_URLS = frozenset({CHAT.encode(), CLASSIFY.encode()})
 _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
+# Phases of the request a connection is in; the deadline of each is in limits.py.
+_IDLE, _HEADERS, _BODY, _BUSY, _DRAIN = range(5)
+_RETRY = {"retry-after": "1"}
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+class EdgeProtocol(HttpToolsProtocol):
+    """The limits of `EdgeLimits` on every connection, and the two refusals the parser must
+    make before any app runs: an upgrade (the gateway serves no WebSocket, and the parser
+    stops at the headers of an upgrade request, so its body could never be read) and a body
+    over the in-flight budget. Set `limits` on a subclass (`protocol_check.protocol_for`)."""
 
+    limits: EdgeLimits
+    deadline = math.inf
+    _phase = _IDLE
+    _refused = False
+    _chunked = False
+    _defaults: list[tuple[bytes, bytes]] | None = None
+    _default_lines = b""
 
-_STATUS = {status: _status_line(status) for status in range(100, 600)}
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.ws_protocol_class = None  # an upgrade is refused here, never handed to websockets
+        self._reserved: list[int] = []  # per request read and not yet answered, its bytes
+        if not self.limits.opened(self):
+            self._refuse(refusal(503, "too many open connections: retry later", _RETRY))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.limits.closed(self)
+        for size in self._reserved:
+            self.limits.give(size)
+        self._reserved.clear()
+        super().connection_lost(exc)
+
+    def expire(self) -> None:
+        """Past the deadline of the phase: a 408 while a request is being read, else a close."""
+        if self._phase in (_HEADERS, _BODY):
+            self._refuse(refusal(408, "the request did not arrive in time (headers: "
+                                 f"{self.limits.header_s:g} s, body: {self.limits.body_s:g} s)"))
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, answer: Reply) -> None:
+        self._refused = True
+        if not self.transport.is_closing():
+            self.transport.write(wire(answer, self.default_lines(), keep_alive=False))
+            self.transport.close()
+
+    def default_lines(self) -> bytes:
+        """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
+        when the date changes, once a second."""
+        defaults = self.server_state.default_headers
+        if defaults is not self._defaults:
+            self._defaults = defaults
+            self._default_lines = header_lines(defaults)
+        return self._default_lines
+
+    def _enter(self, phase: int, timeout_s: float) -> None:
+        self._phase = phase
+        self.deadline = time.monotonic() + timeout_s
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        pass  # refused in on_headers_complete, with the reason in the answer
+
+    def on_message_begin(self) -> None:
+        if self._refused:
+            return
+        super().on_message_begin()
+        self._enter(_HEADERS, self.limits.header_s)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        head = RequestHead(self.headers)
+        if self.parser.should_upgrade():
+            self._refuse(refusal(400, "Upgrade is not supported here: send the request without "
+                                 "'Upgrade' and 'Connection: upgrade'"))
+            return
+        size = max(head.content_length, 0)
+        if not self.limits.take(size):
+            self._refuse(refusal(503, f"{self.limits.in_flight} request bytes in flight, the "
+                                 f"limit is {self.limits.budget}: retry later", _RETRY))
+            return
+        self._reserved.append(size)
+        self._chunked = head.content_length < 0
+        self._enter(_BODY, self.limits.body_s)
+        self.scope[HEAD] = head  # type: ignore[literal-required]
+        self.start(head)
+
+    def start(self, head: RequestHead) -> None:
+        """Run the request whose headers were just read."""
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
+        if self._chunked:
+            self._chunk(len(body))
+        super().on_body(body)
+
+    def _chunk(self, size: int) -> None:
+        """A chunked body gives no length up front: its bytes count as they come."""
+        if not self.limits.take(size):
+            self._refuse(refusal(503, f"the limit of {self.limits.budget} request bytes in "
+                                 "flight is reached: retry later", _RETRY))
+            return
+        self._reserved[-1] += size
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        if self._phase == _BODY:
+            self._phase, self.deadline = _BUSY, math.inf
+        elif self._phase == _DRAIN:
+            self._enter(_IDLE, self.limits.idle_s)
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._reserved:
+            self.limits.give(self._reserved.pop(0))
+        if self._phase == _BUSY and not self._reserved:
+            self._enter(_IDLE, self.limits.idle_s)
+        elif self._phase == _BODY:
+            self._phase = _DRAIN  # answered before its body ended (a refusal): no 408 after it
+        super().on_response_complete()
 
 
 class _Exchange:
@@ -51,11 +176,12 @@ class _Exchange:
     the attributes the protocol reads from one (`response_complete`, `keep_alive`,
     `disconnected`, `message_event`)."""
 
-    def __init__(self, proto: HotHttpProtocol, hot: HotPath, admitted: tuple[Gateway, _Request],
+    def __init__(self, proto: HotHttpProtocol, hot: HotPath, gw: Gateway, head: RequestHead,
                  scope: dict[str, Any], keep_alive: bool) -> None:
         self.proto = proto
         self.hot = hot
-        self.admitted = admitted
+        self.gw = gw
+        self.head = head
         self.scope = scope  # uvicorn's, for a body that goes to FastAPI after all
         self.path = CHAT if scope["path"] == CHAT else CLASSIFY
         self.keep_alive = keep_alive
@@ -73,8 +199,9 @@ class _Exchange:
 
     async def run(self) -> None:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks = []  # the body is held once, by `body`, while the request runs
         try:
-            reply = await self.hot.serve(self.path, *self.admitted, body)
+            reply = await self.hot.serve(self.path, self.gw, self.head, body)
             if reply is None:
                 await self._to_fastapi(body)
             else:
@@ -89,14 +216,7 @@ class _Exchange:
         """Status line, headers and body in one write, then what uvicorn does after a response:
         close, or arm keep-alive and start the next pipelined request."""
         proto = self.proto
-        status, headers, body = reply
-        lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
-        # One CR and one LF per line are the ones added here; any other is inside a name or a
-        # value, and would split the response.
-        if lines.count(b"\r") != len(headers) or lines.count(b"\n") != len(headers):
-            raise RuntimeError("invalid HTTP header value")
-        close = b"" if self.keep_alive else b"connection: close\r\n"
-        data = b"".join((_STATUS[status], proto.default_lines(), lines, close, b"\r\n", body))
+        data = wire(reply, proto.default_lines(), self.keep_alive)
         self.response_complete = True
         if self.disconnected or proto.transport.is_closing():
             return
@@ -127,49 +247,38 @@ class _Exchange:
         await cycle.run_asgi(cast(ASGI3Application, self.hot.app))
 
 
-class HotHttpProtocol(HttpToolsProtocol):
-    """Set `body_limit` on a subclass (`hot_protocol`): a larger declared body is left to
+class HotHttpProtocol(EdgeProtocol):
+    """Set `body_limit` on a subclass (`protocol_for`): a larger declared body is left to
     uvicorn, where the app refuses it without this protocol buffering it first."""
 
     body_limit = 0
-    _defaults: list[tuple[bytes, bytes]] | None = None
-    _default_lines = b""
 
-    def default_lines(self) -> bytes:
-        """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
-        when the date changes, once a second."""
-        defaults = self.server_state.default_headers
-        if defaults is not self._defaults:
-            self._defaults = defaults
-            self._default_lines = b"".join(name + b": " + value + b"\r\n"
-                                           for name, value in defaults)
-        return self._default_lines
-
-    def on_headers_complete(self) -> None:
-        exchange = self._exchange()
+    def start(self, head: RequestHead) -> None:
+        exchange = self._exchange(head)
         if exchange is None:
-            super().on_headers_complete()
+            super().start(head)
             return
         self.cycle = exchange  # type: ignore[assignment]
 
-    def _exchange(self) -> _Exchange | None:
+    def _exchange(self, head: RequestHead) -> _Exchange | None:
         """The hot exchange for the request whose headers were just read, or None."""
         hot, parser = self.app, self.parser
         if self.url.split(b"?", 1)[0] not in _HOT_URLS or parser.get_method() != b"POST":
             return None
         if not isinstance(hot, HotPath) or self.access_log or self.root_path:
             return None
-        if self.expect_100_continue or parser.should_upgrade():
+        if self.expect_100_continue:
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None  # pipelined behind a request in flight: uvicorn queues it
-        admitted = hot.admit(self.headers)
+        gw = hot.admit(head)
+        self.scope[ADMITTED] = gw  # type: ignore[literal-required]
         # No Content-Length (chunked) or a larger one: uvicorn reads what there is.
-        if admitted is None or not 0 <= admitted[1].content_length <= self.body_limit:
+        if gw is None or not 0 <= head.content_length <= self.body_limit:
             return None
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive()
-        return _Exchange(self, hot, admitted, self._fill_scope(version), keep_alive)
+        return _Exchange(self, hot, gw, head, self._fill_scope(version), keep_alive)
 
     def _fill_scope(self, version: str) -> dict[str, Any]:
         """What uvicorn's `on_headers_complete` adds to the scope (root_path is empty here)."""
@@ -184,22 +293,17 @@ class HotHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         exchange = self.cycle
-        if isinstance(exchange, _Exchange):
+        if isinstance(exchange, _Exchange) and not self._refused:
             exchange.chunks.append(body)
             return
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         exchange = self.cycle
-        if not isinstance(exchange, _Exchange):
+        if not isinstance(exchange, _Exchange) or self._refused:
             super().on_message_complete()
             return
+        self._phase, self.deadline = _BUSY, math.inf
         task = self.loop.create_task(exchange.run())
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
-
-
-def hot_protocol(body_limit: int) -> type[HotHttpProtocol]:
-    """The protocol class for `uvicorn.Config(http=...)`."""
-    return cast(type[HotHttpProtocol],
-                type("GrmHttpProtocol", (HotHttpProtocol,), {"body_limit": body_limit}))

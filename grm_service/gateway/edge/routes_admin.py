@@ -29,7 +29,7 @@ async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
     only with a valid key when keys are set."""
     ok = bool(gw.pool.ready()) and not gw.draining
     status = 200 if ok else 503
-    if not getattr(request.state, AUTHORIZED, False):
+    if not request.scope.get("state", {}).get(AUTHORIZED, False):
         return JSONResponse({"ready": ok}, status_code=status)
     replicas = [
         {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
-from grm_service.fingerprint import fingerprint_headers
 from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
+from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
 from grm_service.gateway.edge.schemas import ChatCompletionRequest
-from grm_service.gateway.request.answer import wrap
 from grm_service.gateway.request.proxy import Gateway, forward, prepare
 from grm_service.ledger.records import Origin
 
@@ -23,10 +22,10 @@ OriginDep = Annotated[Origin, Depends(origin)]
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep,
-                           asker: OriginDep) -> JSONResponse:
+                           asker: OriginDep) -> Response:
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin, origin=asker)
-    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))
+    return ReplyResponse(answer_reply(forwarded))
 
 
 @router.get("/v1/models")

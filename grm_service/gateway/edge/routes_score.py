@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Request, Response
 
 from grm_service.errors import TooLarge
-from grm_service.fingerprint import fingerprint_headers
 from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
+from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
+from grm_service.gateway.edge.schemas import ClassifyRequest
 from grm_service.gateway.edge.score_body import read_score_request
 from grm_service.gateway.request import checkpoint
-from grm_service.gateway.request.answer import wrap
 from grm_service.gateway.request.proxy import Gateway, forward
 from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
@@ -64,9 +63,9 @@ async def score(request: Request, gw: GatewayDep, asker: OriginDep) -> Response:
 
 @router.post("/classify")
 async def classify(
-    body: Annotated[dict[str, Any], Body()], gw: GatewayDep, pin: PinDep, asker: OriginDep
-) -> JSONResponse:
+    req: ClassifyRequest, gw: GatewayDep, pin: PinDep, asker: OriginDep
+) -> Response:
     """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
-    prepared = pooling_body(body, gw.settings.model_name)
-    forwarded = await forward(gw, "/classify", prepared, pin, origin=asker)
-    return JSONResponse(wrap(forwarded), headers=fingerprint_headers(forwarded.fields))
+    body = pooling_body(req.model_dump(exclude_unset=True, mode="json"), gw.settings.model_name)
+    forwarded = await forward(gw, "/classify", body, pin, origin=asker)
+    return ReplyResponse(answer_reply(forwarded))

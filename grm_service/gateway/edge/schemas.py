@@ -25,3 +25,9 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     stream: bool | None = None
+
+
+class ClassifyRequest(BaseModel):
+    """vLLM's /classify body: any JSON object, forwarded with the served model filled in."""
+
+    model_config = ConfigDict(extra="allow")

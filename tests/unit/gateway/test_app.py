@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi.exceptions import RequestValidationError
+import json
 
-from grm_service.gateway.app import validation_body
+from grm_service.gateway.edge.replies import validation_reply
 
 
 def test_validation_error_names_the_field_like_openai() -> None:
-    exc = RequestValidationError([
+    status, headers, body = validation_reply([
         {"type": "missing", "loc": ("body", "items", 0, "id"), "msg": "Field required"},
         {"type": "string_type", "loc": ("body", "scorer"), "msg": "Input should be a string"},
     ])
 
-    error = validation_body(exc)["error"]
+    error = json.loads(body)["error"]
+    assert status == 422 and (b"content-type", b"application/json") in headers
 
     assert error == {
         "message": "items.0.id: Field required; scorer: Input should be a string",

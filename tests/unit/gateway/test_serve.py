@@ -15,30 +15,31 @@ from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.serve import DrainingServer
-from grm_service.metrics import Metrics
+from grm_service.gateway.service import Service
 from grm_service.replicas.pool import ReplicaPool
 
 SETTINGS = Settings(model="m")
 
 
 def gateway_app() -> tuple[HotPath, Gateway]:
-    """The app as create_app shapes it (HotPath around FastAPI, the gateway in its state)."""
+    """The app as create_app shapes it (HotPath around FastAPI, both holding the service)."""
     app = FastAPI()
+    service = Service(SETTINGS)
     gw = Gateway(settings=SETTINGS, pool=ReplicaPool([]), client=Upstream(1.0),
-                 metrics=Metrics())
-    app.state.gateway = gw
+                 metrics=service.metrics)
+    service.start(gw)
 
     @app.get("/health")
     async def health() -> dict[str, bool]:
         return {"draining": gw.draining}
 
-    return HotPath(app, SETTINGS, lambda: app.state), gw
+    return HotPath(app, service), gw
 
 
 def server_for(app: object, drain_timeout_s: float) -> DrainingServer:
-    # proxy_headers (uvicorn's default) wraps the app once more: the gateway is found below it.
+    service = app.service if isinstance(app, HotPath) else Service(SETTINGS)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_config=None)
-    return DrainingServer(config, drain_timeout_s)
+    return DrainingServer(config, service, drain_timeout_s)
 
 
 async def started(server: DrainingServer) -> asyncio.Task[None]:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from grm_service.canonical import canonical_json, canonical_parts
-from grm_service.gateway.edge.hotpath import _NotPlain, load_json, plain_chat
+from grm_service.gateway.edge.hotpath import load_json
+from grm_service.gateway.edge.rules import CHAT_RULES, NotPlain
 from grm_service.gateway.edge.schemas import ChatCompletionRequest
 from grm_service.gateway.request import longstrings
 
@@ -30,7 +31,7 @@ BODIES: list[Any] = [
     {"messages": MSG, "response_format": {"type": "json_object"}, "stop": ["\n"]},
     {"messages": MSG, "temperature": 2**53},
     {"messages": MSG, "temperature": 2**60},  # past 2**53: left to pydantic
-    {"messages": MSG, "seed": 5.0},  # pydantic makes it 5: left to pydantic
+    {"messages": MSG, "seed": 5.0},  # Any: kept as sent (the checkpoint refuses it)
     {"messages": MSG, "seed": True},
     {"messages": MSG, "seed": "5"},
     {"messages": MSG, "seed": -1},
@@ -68,8 +69,8 @@ def test_fast_path_matches_pydantic_or_steps_aside(body: Any) -> None:
     raw = json.dumps(body).encode()
     expected = _pydantic(json.loads(raw))
     try:
-        got = canonical_json(plain_chat(load_json(raw)))
-    except _NotPlain:
+        got = canonical_json(CHAT_RULES.fast(load_json(raw)))
+    except NotPlain:
         return  # FastAPI serves it, exactly as before
     assert expected is not None, "the fast path accepted what pydantic refuses"
     assert got == expected
@@ -79,7 +80,7 @@ def test_plain_bodies_take_the_fast_path() -> None:
     """A fast path that always stepped aside would pass the test above."""
     plain = [b for b in BODIES[:9] if isinstance(b, dict)]
     for body in plain:
-        assert canonical_json(plain_chat(load_json(json.dumps(body).encode()))) == \
+        assert canonical_json(CHAT_RULES.fast(load_json(json.dumps(body).encode()))) == \
             _pydantic(body)
 
 
@@ -89,8 +90,8 @@ def test_plain_bodies_take_the_fast_path() -> None:
     b'{"messages": [{"a": "\xff"}]}', b'\xef\xbb\xbf{"messages": [{}]}', b'{"messages": [{}]',
 ])
 def test_non_finite_or_undecodable_bodies_go_to_fastapi(raw: bytes) -> None:
-    with pytest.raises(_NotPlain):
-        plain_chat(load_json(raw))
+    with pytest.raises(NotPlain):
+        CHAT_RULES.fast(load_json(raw))
 
 
 IMAGE = "data:image/png;base64," + "iVBORw0KGgo/+" * (2 * longstrings.LONG // 13)
@@ -110,8 +111,8 @@ def test_bodies_with_long_strings_give_pydantic_bytes(body: Any) -> None:
     for raw in (json.dumps(body).encode(), json.dumps(body, indent=1).encode()):
         lifted = longstrings.Lifted()
         try:
-            parsed = plain_chat(load_json(raw, lifted))
-        except _NotPlain:
+            parsed = CHAT_RULES.fast(load_json(raw, lifted))
+        except NotPlain:
             assert _pydantic(json.loads(raw)) is None or body.get("seed") is True
             continue
         assert b"".join(canonical_parts(parsed, lifted)) == _pydantic(json.loads(raw))
@@ -130,5 +131,5 @@ def _strings(value: Any) -> list[Any]:
 @pytest.mark.parametrize("tail", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b'"\xff"'])
 def test_long_bodies_with_non_finite_or_undecodable_values_go_to_fastapi(tail: bytes) -> None:
     raw = b'{"messages": [{"content": "' + IMAGE.encode() + b'"}], "a": ' + tail + b"}"
-    with pytest.raises(_NotPlain):
-        plain_chat(load_json(raw, longstrings.Lifted()))
+    with pytest.raises(NotPlain):
+        CHAT_RULES.fast(load_json(raw, longstrings.Lifted()))

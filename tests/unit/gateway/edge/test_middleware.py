@@ -7,17 +7,13 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from grm_service.config import Settings
-from grm_service.gateway.edge.middleware import MetricsMiddleware
-from grm_service.gateway.request.proxy import Gateway
-from grm_service.gateway.request.upstream import Upstream
+from grm_service.gateway.edge.middleware import MetricsMiddleware, RequestMetrics
 from grm_service.metrics import Metrics
-from grm_service.replicas.pool import ReplicaPool
 
 
-def app_with(metrics: Metrics | None) -> FastAPI:
+def app_with(metrics: Metrics) -> FastAPI:
     app = FastAPI()
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(MetricsMiddleware, requests=RequestMetrics(metrics))
 
     @app.get("/items/{name}")
     async def item(name: str) -> JSONResponse:
@@ -27,9 +23,6 @@ def app_with(metrics: Metrics | None) -> FastAPI:
     async def boom() -> None:
         raise RuntimeError("handler failed")
 
-    if metrics is not None:
-        app.state.gateway = Gateway(settings=Settings(model="m"), pool=ReplicaPool([]),
-                                    client=Upstream(1.0), metrics=metrics)
     return app
 
 
@@ -54,8 +47,8 @@ async def test_requests_are_counted_by_route_template_status_and_replica() -> No
     assert latency == 2.0
 
 
-async def test_without_a_gateway_nothing_is_recorded_and_the_answer_is_untouched() -> None:
-    transport = httpx.ASGITransport(app=app_with(None))
+async def test_the_answer_passes_through_untouched() -> None:
+    transport = httpx.ASGITransport(app=app_with(Metrics()))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as api:
         r = await api.get("/items/x")
     assert r.json() == {"name": "x"} and r.headers["x-grm-replica"] == "r1"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,13 +18,16 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from grm_service.config import Settings
-from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply, _Request
-from grm_service.gateway.edge.protocol import HotHttpProtocol, hot_protocol
+from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
+from grm_service.gateway.edge.protocol import HotHttpProtocol
+from grm_service.gateway.edge.protocol_check import protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
-from grm_service.metrics import Metrics
+from grm_service.gateway.service import Service
 from grm_service.replicas.pool import ReplicaPool
 
+LIMIT = 65600  # the smallest body limit the settings allow, and a little
 DEFAULTS = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 OK: Reply = (200, [(b"content-length", b"11"), (b"content-type", b"application/json")],
              b'{"ok":true}')
@@ -70,14 +72,16 @@ class Canned(HotPath):
     """The real admission; `serve` records the body and answers `reply` (None: FastAPI's)."""
 
     def __init__(self, app: Any, settings: Settings) -> None:
-        gw = Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
-                     metrics=Metrics())
-        super().__init__(app, settings, lambda: SimpleNamespace(gateway=gw))
+        service = Service(settings)
+        service.start(Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
+                              metrics=service.metrics))
+        super().__init__(app, service)
         self.reply: Reply | Exception | None = OK
         self.served: list[tuple[str, bytes]] = []
         self.hold: asyncio.Event | None = None
 
-    async def serve(self, path: str, gw: Gateway, head: _Request, raw: bytes) -> Reply | None:
+    async def serve(self, path: str, gw: Gateway, head: RequestHead,
+                    raw: bytes) -> Reply | None:
         self.served.append((path, raw))
         if self.hold is not None:
             await self.hold.wait()
@@ -107,13 +111,16 @@ class Echo:
 
 
 class Connection:
-    def __init__(self, hot: Canned, echo: Echo, access_log: bool = False) -> None:
+    def __init__(self, hot: Canned, echo: Echo, access_log: bool = False,
+                 protocol: type[Any] | None = None) -> None:
         self.hot, self.echo, self.wire = hot, echo, Wire()
         self.state = ServerState()
         self.state.default_headers = list(DEFAULTS)
         # As run_server builds it: no proxy-headers middleware around the app, no logging setup.
-        config = uvicorn.Config(hot, proxy_headers=False, log_config=None, lifespan="off")
-        self.proto = hot_protocol(1000)(config, self.state, {}, asyncio.get_running_loop())
+        config = uvicorn.Config(hot, proxy_headers=False, log_config=None, lifespan="off",
+                                ws="none")
+        protocol = protocol or protocol_for(hot.service)
+        self.proto = protocol(config, self.state, {}, asyncio.get_running_loop())
         # uvicorn derives this from the access logger's handlers (pytest's capture adds some):
         # set as `serve` runs it, without an access log.
         self.proto.access_log = access_log
@@ -141,7 +148,8 @@ class Connection:
 
 @pytest.fixture
 async def conn() -> Any:
-    settings = Settings(model="m", served_model_name="rm")
+    settings = Settings(model="m", served_model_name="rm", max_body_bytes=LIMIT,
+                        max_image_bytes=1)
     echo = Echo()
     connection = Connection(Canned(echo, settings), echo)
     yield connection
@@ -211,7 +219,8 @@ async def test_a_failing_exchange_is_a_500_and_a_closed_connection(
     b"GET /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n\r\n",
     post("/v1/score", b"{}"),
     post(CHAT, b"{}", content_type="text/plain"),  # HotPath.admit refuses it
-])
+    post(CHAT, b"[" * (LIMIT + 1)),  # declared over the body limit
+], ids=["get", "score", "not-json", "too-large"])
 async def test_requests_for_the_app_reach_it_through_uvicorn(
     conn: Connection, request_bytes: bytes
 ) -> None:
@@ -223,7 +232,6 @@ async def test_requests_for_the_app_reach_it_through_uvicorn(
 
 
 @pytest.mark.parametrize(("request_bytes", "body"), [
-    (post(CHAT, b"[" * 1001), b"[" * 1001),  # declared over the protocol's body limit
     (post(CHAT, b"{}", "expect: 100-continue"), b"{}"),
     (b"POST /classify HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
      b"transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", b"{}"),
@@ -273,7 +281,7 @@ async def test_a_client_gone_before_the_answer_gets_nothing_written(conn: Connec
     assert conn.wire.writes == []
 
 
-def test_hot_protocol_sets_the_body_limit_on_a_subclass() -> None:
-    cls = hot_protocol(4096)
-    assert issubclass(cls, HotHttpProtocol) and cls.body_limit == 4096
+def test_protocol_for_sets_the_body_limit_on_a_subclass() -> None:
+    cls = protocol_for(Service(Settings(model="m", max_body_bytes=30 << 20)))
+    assert issubclass(cls, HotHttpProtocol) and cls.body_limit == 30 << 20
     assert HotHttpProtocol.body_limit == 0

@@ -1,0 +1,59 @@
+"""The few request headers the edge reads, found in one pass over the parsed header list, and
+the headers a request may carry only once.
+
+A second `Authorization` or `x-grm-pin-replica` is ambiguous (which one wins differs between
+libraries: starlette's `Headers.get` takes the first, a dict of the list the last), and a second
+`Content-Length`, `Content-Type` or `Host` is a request-smuggling shape: each is refused with a
+400 on every path (`Guards`), never resolved.
+"""
+
+from __future__ import annotations
+
+from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
+
+Headers = list[tuple[bytes, bytes]]
+
+_PIN = PIN_HEADER.encode()
+_RUN, _STEP = RUN_HEADER.encode(), STEP_HEADER.encode()
+SINGLETONS = (b"authorization", b"content-length", b"content-type", b"host", _PIN)
+
+
+class RequestHead:
+    """Authorization, Content-Length, whether the body is JSON, the replica pin, the ledger's
+    run and step tags, and the first singleton header found twice (`repeated`, empty when
+    none)."""
+
+    __slots__ = ("authorization", "content_length", "json", "pin", "repeated", "run", "step")
+
+    def __init__(self, headers: Headers) -> None:
+        authorization = length = ctype = pin = run = step = None
+        host = False
+        repeated = b""
+        for key, value in headers:
+            if key == b"content-type":
+                repeated = repeated or (key if ctype is not None else b"")
+                ctype = value
+            elif key == b"content-length":
+                repeated = repeated or (key if length is not None else b"")
+                length = value
+            elif key == b"authorization":
+                repeated = repeated or (key if authorization is not None else b"")
+                authorization = value
+            elif key == _PIN:
+                repeated = repeated or (key if pin is not None else b"")
+                pin = value
+            elif key == b"host":
+                repeated = repeated or (key if host else b"")
+                host = True
+            elif key == _RUN:
+                run = value
+            elif key == _STEP:
+                step = value
+        self.authorization = authorization or b""
+        self.content_length = int(length) if length is not None and length.isdigit() else -1
+        self.json = ctype is not None and (
+            ctype.split(b";", 1)[0].strip().lower() == b"application/json")
+        self.pin = pin.decode("latin-1") if pin is not None else None
+        self.repeated = repeated.decode("latin-1")
+        self.run = run.decode("latin-1") if run is not None else None
+        self.step = step.decode("latin-1") if step is not None else None

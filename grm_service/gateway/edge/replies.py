@@ -1,0 +1,109 @@
+"""The one renderer of answers and errors, for every edge: the hot exchange writes a `Reply`
+as HTTP/1.1 bytes (`wire`), plain ASGI sends it (`send_reply`), FastAPI returns it
+(`ReplyResponse`). A `Reply` is status, headers (content-length included) and body, in the
+order starlette's JSONResponse sends them, so every path answers the same bytes.
+"""
+
+from __future__ import annotations
+
+import http
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+from starlette.types import Send
+
+from grm_service.errors import GrmError, error_body
+from grm_service.fingerprint import fingerprint_headers
+from grm_service.gateway.request.answer import RESPONSE_JSON, Forwarded, render
+
+Headers = list[tuple[bytes, bytes]]
+Reply = tuple[int, Headers, bytes]
+
+
+def reply(status: int, body: bytes, headers: Mapping[str, str] | None = None,
+          content_type: bytes = b"application/json") -> Reply:
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    raw += [(b"content-length", str(len(body)).encode()), (b"content-type", content_type)]
+    return status, raw, body
+
+
+def json_reply(status: int, content: Any, headers: Mapping[str, str] | None = None) -> Reply:
+    return reply(status, RESPONSE_JSON.encode(content).encode("utf-8"), headers)
+
+
+def answer_reply(forwarded: Forwarded) -> Reply:
+    """A forwarded answer, its fingerprint in the body and the headers."""
+    return reply(200, render(forwarded), fingerprint_headers(forwarded.fields))
+
+
+def error_reply(err: GrmError) -> Reply:
+    retry = {"retry-after": str(max(1, round(err.retry_after)))} if err.retry_after else None
+    return json_reply(err.http_status, error_body(err), retry)
+
+
+def refusal(status: int, message: str, headers: Mapping[str, str] | None = None) -> Reply:
+    """A request refused at the edge, before any route ran (auth, size, shape, headers)."""
+    body = {"error": {"message": message, "type": "refused", "code": status}}
+    return json_reply(status, body, headers)
+
+
+def validation_reply(errors: Sequence[Mapping[str, Any]]) -> Reply:
+    """pydantic's errors as OpenAI's error object, so SDK users read which field is wrong and
+    how (an OpenAI client shows `error.message`, not FastAPI's `detail`)."""
+    problems = []
+    for error in errors:
+        where = _where(error)
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    param = _where(errors[0]) if errors else None
+    body = {"error": {"message": "; ".join(problems) or "invalid request",
+                      "type": "invalid_request_error", "param": param or None, "code": 422}}
+    return json_reply(422, body)
+
+
+def _where(error: Mapping[str, Any]) -> str:
+    return ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+
+
+class ReplyResponse(Response):
+    """A `Reply` as a starlette response, its headers as rendered."""
+
+    def __init__(self, answer: Reply, background: BackgroundTask | None = None) -> None:
+        self.status_code, headers, self.body = answer
+        self.raw_headers = list(headers)
+        self.background = background
+
+
+async def send_reply(send: Send, answer: Reply) -> None:
+    status, headers, body = answer
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS = {status: _status_line(status) for status in range(100, 600)}
+
+
+def wire(answer: Reply, default_lines: bytes, keep_alive: bool) -> bytes:
+    """The answer as HTTP/1.1 bytes: status line, the server's default lines (date, server),
+    the headers, `connection: close` unless kept alive, the body."""
+    status, headers, body = answer
+    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+    # One CR and one LF per line are the ones added here; any other is inside a name or a
+    # value, and would split the response.
+    if lines.count(b"\r") != len(headers) or lines.count(b"\n") != len(headers):
+        raise ValueError("invalid HTTP header value")
+    close = b"" if keep_alive else b"connection: close\r\n"
+    return b"".join((_STATUS[status], default_lines, lines, close, b"\r\n", body))
+
+
+def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
