@@ -151,8 +151,10 @@ class BodyRules:
         return out
 
     def validated(self, body: Any) -> dict[str, Any]:
-        """pydantic's answer; its ValidationError is the caller's 422."""
-        return self.model.model_validate(body).model_dump(exclude_unset=True, mode="json")
+        """pydantic's answer, validated as FastAPI validates a body; its ValidationError is the
+        caller's 422."""
+        model = self.model.model_validate(body, from_attributes=True)
+        return model.model_dump(exclude_unset=True, mode="json")
 
     def apply(self, body: Any) -> dict[str, Any]:
         try:

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from grm_service.config import Settings
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
-from grm_service.gateway.edge.protocol import HotHttpProtocol
-from grm_service.gateway.edge.protocol_check import protocol_for
+from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
+from grm_service.gateway.edge.protocol_check import missing, protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.service import Service
@@ -285,3 +287,107 @@ def test_protocol_for_sets_the_body_limit_on_a_subclass() -> None:
     cls = protocol_for(Service(Settings(model="m", max_body_bytes=30 << 20)))
     assert issubclass(cls, HotHttpProtocol) and cls.body_limit == 30 << 20
     assert HotHttpProtocol.body_limit == 0
+
+
+# ---- the start-up check of uvicorn's internals, and the fallback ---------------------------
+
+class Renamed(HttpToolsProtocol):
+    """uvicorn with a per-request attribute renamed (as upstream has done between releases)."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.request_headers = self.headers
+        del self.headers
+
+
+class Unpiped(HttpToolsProtocol):
+    """uvicorn with the in-flight cycle renamed: the exchange could not stand in for it."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        del self.cycle
+
+
+class Cycle:
+    """A RequestResponseCycle whose callback keyword was renamed."""
+
+    def __init__(self, scope: Any, transport: Any, flow: Any, logger: Any, access_logger: Any,
+                 access_log: bool, default_headers: Any, message_event: Any,
+                 expect_100_continue: bool, keep_alive: bool, on_response_complete: Any) -> None:
+        pass
+
+
+def test_the_check_finds_everything_in_the_installed_uvicorn() -> None:
+    assert missing() == ([], [])
+
+
+def test_the_check_names_what_a_changed_uvicorn_lacks() -> None:
+    assert missing(Renamed) == (["headers"], [])
+    assert missing(Unpiped) == ([], ["cycle"])
+    assert missing(cycle=Cycle) == ([], ["RequestResponseCycle(on_response=)"])
+
+
+@pytest.mark.parametrize(("check", "expected", "words"), [
+    (([], ["cycle"]), EdgeProtocol, "go through ASGI"),
+    ((["headers"], []), HttpToolsProtocol, "uvicorn's own protocol"),
+])
+async def test_a_failed_check_falls_back_with_one_log_line_and_serves(
+    check: tuple[list[str], list[str]], expected: type[Any], words: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(model="m")
+    echo = Echo()
+    hot = Canned(echo, settings)
+    with caplog.at_level(logging.INFO, logger="grm_service"):
+        protocol = protocol_for(hot.service, check)
+    (line,) = [r for r in caplog.records if r.name.startswith("grm_service")]
+    assert line.levelno == logging.WARNING and words in line.getMessage()
+    assert issubclass(protocol, expected) and not issubclass(protocol, HotHttpProtocol)
+    connection = Connection(hot, echo, protocol=protocol)
+    try:
+        written = await connection.send(post(CHAT, b'{"messages": [1]}'))
+    finally:
+        connection.close()
+    # The hot path serves it through ASGI: uvicorn's cycle writes the head, then the body.
+    assert hot.served == [(CHAT, b'{"messages": [1]}')] and len(connection.wire.writes) == 2
+    assert written.startswith(b"HTTP/1.1 200 OK\r\n") and written.endswith(b'{"ok":true}')
+
+
+# ---- the edge's limits on one connection ----------------------------------------------------
+
+def limited(**over: Any) -> Canned:
+    settings = Settings(model="m", max_body_bytes=LIMIT, max_image_bytes=1, **over)
+    return Canned(Echo(), settings)
+
+
+async def test_half_a_header_is_answered_408_and_closed() -> None:
+    hot = limited(header_timeout_s=0.2)
+    connection = Connection(hot, hot.app)
+    connection.proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncont")
+    for _ in range(100):
+        if connection.wire.closed:
+            break
+        await asyncio.sleep(0.02)
+    assert connection.wire.closed and connection.wire.data.startswith(b"HTTP/1.1 408 ")
+    assert hot.served == []
+    connection.close()
+
+
+async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> None:
+    hot = limited(max_bytes_in_flight=LIMIT + 100)
+    hot.hold = asyncio.Event()
+    first, second = Connection(hot, hot.app), Connection(hot, hot.app)
+    try:
+        first.proto.data_received(post(CHAT, b"x" * LIMIT))  # held in `serve`
+        await asyncio.sleep(0)
+        assert hot.service.limits.in_flight == LIMIT
+        head = post(CHAT, b"").replace(b"content-length: 0", b"content-length: 101")
+        written = await second.send(head)  # headers only: no byte of the body sent
+        assert written.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in written
+        assert second.wire.closed and len(hot.served) == 1
+        hot.hold.set()
+        await first.settled()
+        assert hot.service.limits.in_flight == 0
+    finally:
+        first.close()
+        second.close()
