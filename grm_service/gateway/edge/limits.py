@@ -9,8 +9,9 @@ open connections, time per phase of a request, and request bytes in flight.
 - At most `max_connections` are open; one more is answered 503 and closed at once.
 - Request bodies in flight (received, not yet answered) are bounded by `max_bytes_in_flight`:
   a request whose declared length would pass it gets 503 with Retry-After before its body is
-  read. Past a burst that held more than `malloc_keep_bytes`, freed heap is handed back to the
-  kernel (`heap.release_freed`), so the process falls back to what it keeps.
+  read. Once a burst that held more than a quarter of `malloc_keep_bytes` (each byte is held
+  about three times at its peak) is answered, freed heap is handed back to the kernel
+  (`heap.release_freed`): the process falls back to what it held before the burst.
 
 Deadlines are checked by one timer per process, every `tick_s`, not a timer per request.
 """
@@ -18,15 +19,13 @@ Deadlines are checked by one timer per process, every `tick_s`, not a timer per 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import math
 import time
 from typing import Protocol
 
 from grm_service.config import Settings
 from grm_service.gateway.heap import release_freed
-
-log = logging.getLogger(__name__)
 
 
 class Expiring(Protocol):
@@ -72,10 +71,12 @@ class EdgeLimits:
 
     def give(self, size: int) -> None:
         self.in_flight -= size
-        if self.in_flight == 0 and self._peak > self.keep_bytes > 0:
+        if self.in_flight == 0 and self._peak > self.keep_bytes // 4 > 0:
             self._peak = 0
-            # off the loop: a trim walks the whole heap (milliseconds after a large burst)
-            asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
+            # Off the loop: a trim walks the whole heap (milliseconds after a large burst). A
+            # loop that is shutting down has no executor left: the process is exiting anyway.
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
 
     def _sweep(self) -> None:
         now = time.monotonic()
