@@ -28,32 +28,34 @@ class RequestHead:
     def __init__(self, headers: Headers) -> None:
         authorization = length = ctype = pin = run = step = None
         host = False
-        repeated = b""
+        found = 0  # singleton headers seen, repeats included
         for key, value in headers:
             if key == b"content-type":
-                repeated = repeated or (key if ctype is not None else b"")
-                ctype = value
+                ctype, found = value, found + 1
             elif key == b"content-length":
-                repeated = repeated or (key if length is not None else b"")
-                length = value
+                length, found = value, found + 1
             elif key == b"authorization":
-                repeated = repeated or (key if authorization is not None else b"")
-                authorization = value
+                authorization, found = value, found + 1
             elif key == _PIN:
-                repeated = repeated or (key if pin is not None else b"")
-                pin = value
+                pin, found = value, found + 1
             elif key == b"host":
-                repeated = repeated or (key if host else b"")
-                host = True
+                host, found = True, found + 1
             elif key == _RUN:
                 run = value
             elif key == _STEP:
                 step = value
+        distinct = ((ctype is not None) + (length is not None) + (authorization is not None)
+                    + (pin is not None) + host)
         self.authorization = authorization or b""
         self.content_length = int(length) if length is not None and length.isdigit() else -1
         self.json = ctype is not None and (
             ctype.split(b";", 1)[0].strip().lower() == b"application/json")
         self.pin = pin.decode("latin-1") if pin is not None else None
-        self.repeated = repeated.decode("latin-1")
         self.run = run.decode("latin-1") if run is not None else None
         self.step = step.decode("latin-1") if step is not None else None
+        self.repeated = "" if found == distinct else _repeated(headers)
+
+
+def _repeated(headers: Headers) -> str:
+    names = [key for key, _ in headers if key in SINGLETONS]
+    return next(name for name in names if names.count(name) > 1).decode("latin-1")

@@ -150,7 +150,10 @@ class HotPath:
         except NotPlain:
             return None
         try:
-            prepared = self._prepared(path, gw, body)
+            if path == CHAT:
+                prepared = prepare(CHAT_RULES.apply(body), gw.settings)
+            else:
+                prepared = pooling_body(CLASSIFY_RULES.apply(body), gw.settings.model_name)
             # The checkpoint runs inside `forward`, on the body as prepared: one place for all
             # paths.
             answer = await forward(gw, path, prepared, head.pin, lifted=lifted,
@@ -163,12 +166,6 @@ class HotPath:
             reply, replica = answer_reply(answer), answer.fields["replica"]
         self.service.requests.record(path, reply[0], replica, time.perf_counter() - start)
         return reply
-
-    @staticmethod
-    def _prepared(path: str, gw: Gateway, body: Any) -> dict[str, Any]:
-        if path == CHAT:
-            return prepare(CHAT_RULES.apply(body), gw.settings)
-        return pooling_body(CLASSIFY_RULES.apply(body), gw.settings.model_name)
 
     async def _read(self, receive: Receive) -> tuple[list[bytes], bool]:
         """The body's chunks, and whether it ended within the limit (else FastAPI refuses it)."""

@@ -13,7 +13,8 @@ open connections, time per phase of a request, and request bytes in flight.
   about three times at its peak) is answered, freed heap is handed back to the kernel
   (`heap.release_freed`): the process falls back to what it held before the burst.
 
-Deadlines are checked by one timer per process, every `tick_s`, not a timer per request.
+Deadlines are checked by one timer per process, every `tick_s`, and set from the clock as of
+its last run, not a timer or a clock read per request.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class EdgeLimits:
         self.keep_bytes = settings.malloc_keep_bytes
         self.tick_s = min(1.0, self.idle_s / 4, self.header_s / 4, self.body_s / 4)
         self.open: set[Expiring] = set()
+        self.now = time.monotonic()  # as of the last sweep: what deadlines are set from
         self.in_flight = 0
         self._peak = 0  # the most bytes in flight since memory was last handed back
         self._timer: asyncio.TimerHandle | None = None
@@ -52,7 +54,8 @@ class EdgeLimits:
         """Count a new connection; False when it is one too many (it is not counted)."""
         if len(self.open) >= self.max_connections:
             return False
-        conn.deadline = time.monotonic() + self.idle_s
+        self.now = time.monotonic()
+        conn.deadline = self.now + self.idle_s
         self.open.add(conn)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.tick_s, self._sweep)
@@ -79,7 +82,7 @@ class EdgeLimits:
                 asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
 
     def _sweep(self) -> None:
-        now = time.monotonic()
+        self.now = now = time.monotonic()
         for conn in [conn for conn in self.open if conn.deadline < now]:
             conn.deadline = math.inf
             conn.expire()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from typing import Any, cast
 
 import httptools
@@ -98,12 +97,10 @@ class EdgeProtocol(HttpToolsProtocol):
         return self._default_lines
 
     def _enter(self, phase: int, timeout_s: float) -> None:
+        # The sweep's clock (`limits.now`), not a clock read per request: a deadline is late by
+        # at most one tick.
         self._phase = phase
-        self.deadline = time.monotonic() + timeout_s
-
-    def data_received(self, data: bytes) -> None:
-        if not self._refused:
-            super().data_received(data)
+        self.deadline = self.limits.now + timeout_s
 
     def _unsupported_upgrade_warning(self) -> None:
         pass  # refused in on_headers_complete, with the reason in the answer
@@ -112,26 +109,28 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._refused:
             return
         super().on_message_begin()
-        self._enter(_HEADERS, self.limits.header_s)
+        limits = self.limits
+        self._phase, self.deadline = _HEADERS, limits.now + limits.header_s
 
     def on_headers_complete(self) -> None:
         if self._refused:
             return
         head = RequestHead(self.headers)
+        limits = self.limits
+        size = head.content_length if head.content_length > 0 else 0
         if self.parser.should_upgrade():
             self._refuse(refusal(400, "Upgrade is not supported here: send the request without "
                                  "'Upgrade' and 'Connection: upgrade'"))
-            return
-        size = max(head.content_length, 0)
-        if not self.limits.take(size):
-            self._refuse(refusal(503, f"{self.limits.in_flight} request bytes in flight, the "
-                                 f"limit is {self.limits.budget}: retry later", _RETRY))
-            return
-        self._reserved.append(size)
-        self._chunked = head.content_length < 0
-        self._enter(_BODY, self.limits.body_s)
-        self.scope[HEAD] = head  # type: ignore[literal-required]
-        self.start(head)
+        elif size > limits.budget - limits.in_flight:
+            self._refuse(refusal(503, f"{limits.in_flight} request bytes in flight, the limit "
+                                 f"is {limits.budget}: retry later", _RETRY))
+        else:
+            limits.take(size)
+            self._reserved.append(size)
+            self._chunked = head.content_length < 0
+            self._phase, self.deadline = _BODY, limits.now + limits.body_s
+            self.scope[HEAD] = head  # type: ignore[literal-required]
+            self.start(head)
 
     def start(self, head: RequestHead) -> None:
         """Run the request whose headers were just read."""
@@ -162,13 +161,21 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        """uvicorn's, with the idle timeout kept as this connection's deadline instead of a
+        timer armed per response (and cancelled by the next request's first bytes)."""
+        self.server_state.total_requests += 1
         if self._reserved:
             self.limits.give(self._reserved.pop(0))
         if self._phase == _BUSY and not self._reserved:
             self._enter(_IDLE, self.limits.idle_s)
         elif self._phase == _BODY:
             self._phase = _DRAIN  # answered before its body ended (a refusal): no 408 after it
-        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
 
 
 class _Exchange:

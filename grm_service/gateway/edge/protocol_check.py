@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 # What EdgeProtocol calls or reads on uvicorn's protocol.
 EDGE_NEEDS = ("connection_made", "connection_lost", "data_received", "on_message_begin",
               "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
-              "transport", "headers", "parser", "scope", "server_state", "ws_protocol_class")
+              "transport", "headers", "parser", "scope", "server_state", "ws_protocol_class",
+              "flow", "pipeline", "_start_asgi_task")
 # What the one-write exchange reads besides, and the cycle it builds for FastAPI.
-HOT_NEEDS = ("app", "url", "cycle", "tasks", "loop", "flow", "logger", "access_logger",
+HOT_NEEDS = ("app", "url", "cycle", "tasks", "loop", "logger", "access_logger",
              "access_log", "root_path", "expect_100_continue")
 CYCLE_KEYWORDS = ("scope", "transport", "flow", "logger", "access_logger", "access_log",
                   "default_headers", "message_event", "expect_100_continue", "keep_alive",

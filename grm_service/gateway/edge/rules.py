@@ -59,8 +59,10 @@ def _bounds(name: str, metadata: list[Any]) -> Bounds:
     return Bounds(**found)
 
 
-def _int(bounds: Bounds) -> Check:
+def _int(bounds: Bounds, optional: bool) -> Check:
     def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
         # bool is an int subclass: pydantic words its refusal
         if type(value) is not int or not bounds.ok(value) or abs(value) > _INT64:
             raise NotPlain
@@ -68,8 +70,10 @@ def _int(bounds: Bounds) -> Check:
     return check
 
 
-def _float(bounds: Bounds) -> Check:
+def _float(bounds: Bounds, optional: bool) -> Check:
     def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
         if type(value) is int and abs(value) <= _EXACT_FLOAT:
             value = float(value)  # pydantic turns 1 into 1.0, and the canonical JSON shows it
         if type(value) is not float or not bounds.ok(value):
@@ -78,16 +82,18 @@ def _float(bounds: Bounds) -> Check:
     return check
 
 
-def _typed(kind: type) -> Check:
+def _typed(kind: type, optional: bool) -> Check:
     def check(value: Any) -> Any:
-        if type(value) is not kind:
+        if type(value) is not kind and not (value is None and optional):
             raise NotPlain
         return value
     return check
 
 
-def _list_of_dicts(bounds: Bounds) -> Check:
+def _list_of_dicts(bounds: Bounds, optional: bool) -> Check:
     def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
         if (type(value) is not list or len(value) < bounds.min_length
                 or any(type(item) is not dict for item in value)):
             raise NotPlain
@@ -95,25 +101,21 @@ def _list_of_dicts(bounds: Bounds) -> Check:
     return check
 
 
-def _optional(check: Check) -> Check:
-    return lambda value: None if value is None else check(value)
-
-
-def _check_for(name: str, annotation: Any, bounds: Bounds) -> Check:
+def _check_for(name: str, annotation: Any, bounds: Bounds, optional: bool = False) -> Check:
     if annotation is Any:
         return lambda value: value  # kept as sent: pydantic's Any is the value itself
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
         (inner,) = [arg for arg in args if arg is not type(None)]
-        return _optional(_check_for(name, inner, bounds))
+        return _check_for(name, inner, bounds, optional=True)
     if annotation is int:
-        return _int(bounds)
+        return _int(bounds, optional)
     if annotation is float:
-        return _float(bounds)
+        return _float(bounds, optional)
     if annotation in (str, bool) and bounds == Bounds():
-        return _typed(annotation)
+        return _typed(annotation, optional)
     if typing.get_origin(annotation) is list and args and typing.get_origin(args[0]) is dict:
-        return _list_of_dicts(bounds)
+        return _list_of_dicts(bounds, optional)
     raise Unbound(f"{name}: type {annotation!r} has no fast check")
 
 
@@ -142,12 +144,17 @@ class BodyRules:
         return cls(model, checks, frozenset(required))
 
     def fast(self, body: Any) -> dict[str, Any]:
-        if type(body) is not dict or not self.required <= body.keys():
+        if type(body) is not dict:
             raise NotPlain
+        for name in self.required:
+            if name not in body:
+                raise NotPlain
+        checks = self.checks
         out = dict(body)
-        for name, check in self.checks.items():
-            if name in out:
-                out[name] = check(out[name])
+        for name, value in body.items():
+            check = checks.get(name)
+            if check is not None:
+                out[name] = check(value)
         return out
 
     def validated(self, body: Any) -> dict[str, Any]:
