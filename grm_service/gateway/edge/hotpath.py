@@ -104,6 +104,7 @@ class HotPath:
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app = app
         self.service = service
+        self.requests = service.requests
         settings = service.settings
         self.limit = settings.max_body_bytes
         self.max_depth = settings.max_json_depth
@@ -164,7 +165,7 @@ class HotPath:
             reply, replica = error_reply(err), ""
         else:
             reply, replica = answer_reply(answer), answer.fields["replica"]
-        self.service.requests.record(path, reply[0], replica, time.perf_counter() - start)
+        self.requests.record(path, reply[0], replica, time.perf_counter() - start)
         return reply
 
     async def _read(self, receive: Receive) -> tuple[list[bytes], bool]:

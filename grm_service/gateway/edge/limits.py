@@ -47,7 +47,9 @@ class EdgeLimits:
         self.open: set[Expiring] = set()
         self.now = time.monotonic()  # as of the last sweep: what deadlines are set from
         self.in_flight = 0
-        self._peak = 0  # the most bytes in flight since memory was last handed back
+        self.peak = 0  # the most bytes in flight since memory was last handed back
+        # a burst past this many bytes in flight hands freed memory back once it is answered
+        self.trim_after = self.keep_bytes // 4 if self.keep_bytes > 0 else math.inf
         self._timer: asyncio.TimerHandle | None = None
 
     def opened(self, conn: Expiring) -> bool:
@@ -65,21 +67,27 @@ class EdgeLimits:
         self.open.discard(conn)
 
     def take(self, size: int) -> bool:
-        """Reserve `size` request bytes; False when the budget has no room for them."""
+        """Reserve `size` request bytes; False when the budget has no room for them. (The
+        protocol inlines this and `give` on its per-request path.)"""
         if size > self.budget - self.in_flight:
             return False
         self.in_flight += size
-        self._peak = max(self._peak, self.in_flight)
+        if self.in_flight > self.peak:
+            self.peak = self.in_flight
         return True
 
     def give(self, size: int) -> None:
         self.in_flight -= size
-        if self.in_flight == 0 and self._peak > self.keep_bytes // 4 > 0:
-            self._peak = 0
-            # Off the loop: a trim walks the whole heap (milliseconds after a large burst). A
-            # loop that is shutting down has no executor left: the process is exiting anyway.
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
+        if self.in_flight == 0 and self.peak > self.trim_after:
+            self.trimmed()
+
+    def trimmed(self) -> None:
+        """A burst is answered: hand its freed memory back."""
+        self.peak = 0
+        # Off the loop: a trim walks the whole heap (milliseconds after a large burst). A loop
+        # that is shutting down has no executor left: the process is exiting anyway.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
 
     def _sweep(self) -> None:
         self.now = now = time.monotonic()

@@ -125,7 +125,9 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refuse(refusal(503, f"{limits.in_flight} request bytes in flight, the limit "
                                  f"is {limits.budget}: retry later", _RETRY))
         else:
-            limits.take(size)
+            limits.in_flight += size  # `limits.take`, inlined: the room is checked above
+            if limits.in_flight > limits.peak:
+                limits.peak = limits.in_flight
             self._reserved.append(size)
             self._chunked = head.content_length < 0
             self._phase, self.deadline = _BODY, limits.now + limits.body_s
@@ -164,10 +166,13 @@ class EdgeProtocol(HttpToolsProtocol):
         """uvicorn's, with the idle timeout kept as this connection's deadline instead of a
         timer armed per response (and cancelled by the next request's first bytes)."""
         self.server_state.total_requests += 1
-        if self._reserved:
-            self.limits.give(self._reserved.pop(0))
-        if self._phase == _BUSY and not self._reserved:
-            self._enter(_IDLE, self.limits.idle_s)
+        limits, reserved = self.limits, self._reserved
+        if reserved:
+            limits.in_flight -= reserved.pop(0)  # `limits.give`, inlined
+            if limits.in_flight == 0 and limits.peak > limits.trim_after:
+                limits.trimmed()
+        if self._phase == _BUSY and not reserved:
+            self._phase, self.deadline = _IDLE, limits.now + limits.idle_s
         elif self._phase == _BODY:
             self._phase = _DRAIN  # answered before its body ended (a refusal): no 408 after it
         if self.transport.is_closing():
