@@ -5,6 +5,8 @@ Every field is also an environment variable: `GRM_<FIELD>` (e.g. GRM_REPLICAS=2)
 
 from __future__ import annotations
 
+import json
+import shlex
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -61,6 +63,37 @@ def _split_csv(value: object) -> object:
     return value
 
 
+def _engine_words(value: object) -> object:
+    """GRM_ENGINE_ARGS as one string: a JSON list of strings, or shell words. Never split on
+    commas: an engine flag's JSON value has them (`--limit-mm-per-prompt '{"image": 8, "video":
+    0}'`), and `--max-model-len 8192` must stay two argv tokens."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            words = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"starts with '[' but is not a JSON list ({err})") from None
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise ValueError("a JSON list of engine args must hold strings only")
+        return words
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise ValueError(f"not shell words ({err}): quote values with spaces") from None
+
+
+def _no_comma_joined_flags(words: list[str]) -> list[str]:
+    """The comma-separated form once documented would now reach the engine as one bogus flag."""
+    for word in words:
+        if word.startswith("-") and ",-" in word:
+            raise ValueError(f"{word!r:.80} joins flags with commas: engine args are shell "
+                             "words (GRM_ENGINE_ARGS='--enforce-eager --max-num-seqs 8') or a "
+                             "JSON list")
+    return words
+
+
 class Settings(BaseSettings):
     """Service configuration; see README's table for each field."""
 
@@ -100,7 +133,8 @@ class Settings(BaseSettings):
     dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context length.")
     engine_args: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Extra engine arguments, passed through as-is."
+        default_factory=list,
+        description="Extra engine arguments, passed through as-is: shell words or a JSON list.",
     )
     engine_env: dict[str, str] = Field(
         default_factory=dict, description="Extra engine environment (JSON object)."
@@ -250,12 +284,21 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "gpus", "backend_urls", "engine_args", "scorers", "image_url_allowlist", "api_keys",
-        mode="before",
+        "gpus", "backend_urls", "scorers", "image_url_allowlist", "api_keys", mode="before",
     )
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("engine_args", mode="before")
+    @classmethod
+    def _words(cls, value: object) -> object:
+        return _engine_words(value)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _flags(cls, words: list[str]) -> list[str]:
+        return _no_comma_joined_flags(words)
 
     @field_validator("backend_urls")
     @classmethod

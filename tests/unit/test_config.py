@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from grm_service.commands.backend import backend_command
 from grm_service.config import EngineName, Settings
 
 
@@ -58,3 +65,53 @@ def test_settings_limits_must_agree() -> None:
     with pytest.raises(ValidationError, match="GRM_MAX_TOKENS_LIMIT"):
         Settings(model="m", max_tokens_default=9000, max_tokens_limit=8192)
     Settings(model="m", max_body_bytes=1 << 20, max_image_bytes=512 << 10)
+
+
+# The VLM recipe's engine args as argv tokens (tests/support/engines.py): a JSON value with a
+# comma and a space, and a flag with its value as two tokens.
+ENGINE_WORDS = ["--enforce-eager", "--max-model-len", "8192",
+                "--limit-mm-per-prompt", '{"image": 8, "video": 0}']
+
+
+@pytest.mark.parametrize("value", [
+    """--enforce-eager --max-model-len 8192 --limit-mm-per-prompt '{"image": 8, "video": 0}'""",
+    json.dumps(ENGINE_WORDS),
+    "  " + json.dumps(ENGINE_WORDS, indent=1) + "\n",
+])
+def test_engine_args_env_is_shell_words_or_a_json_list(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path, value: str) -> None:
+    monkeypatch.setenv("GRM_ENGINE_ARGS", value)
+    settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
+    assert settings.engine_args == ENGINE_WORDS
+    argv = backend_command(settings, {}).argv
+    start = argv.index("--enforce-eager")
+    assert argv[start : start + len(ENGINE_WORDS)] == ENGINE_WORDS
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("--enforce-eager,--limit-mm-per-prompt.image=8", "joins flags with commas"),
+    ("--limit-mm-per-prompt '{\"image\": 8", "not shell words"),
+    ('["--enforce-eager", 8]', "strings only"),
+    ('["--enforce-eager",', "not a JSON list"),
+])
+def test_engine_args_env_refuses_what_the_engine_would_misread(
+        monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
+    monkeypatch.setenv("GRM_ENGINE_ARGS", value)
+    with pytest.raises(ValidationError, match=message):
+        Settings(model="/models/rm")
+
+
+def test_engine_args_env_reaches_the_replicas_identity(tmp_path: Path) -> None:
+    """`grm-service fingerprint` reads the replica's argv as the replica will: with the value as
+    its own token, the context length is an env-digest input."""
+    model = tmp_path / "rm"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = {**os.environ, "GRM_ENGINE_ARGS": "--max-model-len 8192 --enforce-eager",
+           "GRM_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "grm_service.cli", "fingerprint", "--model",
+                             str(model), "--engine", "vllm-cpu"], env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    numerics = json.loads(result.stdout)["env_inputs"]["numerics"]
+    assert numerics["max_model_len"] == 8192 and numerics["enforce_eager"] is True
