@@ -124,6 +124,13 @@ def fingerprint_id(seed: int, model_hash_value: str, env_digest_value: str) -> s
     return "grm-" + digest(f"{seed}|{model_hash_value}|{env_digest_value}".encode(), 16)
 
 
+def system_fingerprint(model_hash_value: str, env_digest_value: str) -> str:
+    """OpenAI's `system_fingerprint`: the backend configuration alone. The seed is the
+    request's to choose (OpenAI: use it "in conjunction with the seed request parameter"), so
+    it is left out here and kept in the fingerprint id."""
+    return "grm-sys-" + digest(f"{model_hash_value}|{env_digest_value}".encode(), 16)
+
+
 def produced(payload: Mapping[str, Any]) -> Any:
     """What the model produced: each choice's content and logprobs, or, for a pooling/classify
     answer (no choices), its `data`. Everything else of an answer (its id, its time) may differ

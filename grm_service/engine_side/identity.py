@@ -33,7 +33,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from grm_service import determinism
-from grm_service.fingerprint import env_digest, fingerprint_id, json_digest, model_hash
+from grm_service.fingerprint import (
+    env_digest,
+    fingerprint_id,
+    json_digest,
+    model_hash,
+    system_fingerprint,
+)
 from grm_service.gpus import parse_listing, visible_devices
 from grm_service.host import (
     cpu_model,
@@ -75,6 +81,14 @@ class ReplicaIdentity(BaseModel):
         known = json_digest({"seed": seed, "engine_version": self.engine_version,
                              **self.env_inputs}, 16)
         return "grm-unverified-" + known
+
+    def system_fingerprint(self) -> str:
+        """The seed-free id of what this replica runs: equal across seeds and across replicas
+        of one configuration, changed by any part of the identity."""
+        if self.verified and self.model_hash and self.env_digest:
+            return system_fingerprint(self.model_hash, self.env_digest)
+        known = json_digest({"engine_version": self.engine_version, **self.env_inputs}, 16)
+        return "grm-unverified-sys-" + known
 
     def differences(self, other: ReplicaIdentity) -> list[str]:
         """Each part that differs, named as a user would look for it."""

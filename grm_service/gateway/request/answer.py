@@ -2,7 +2,7 @@
 
     stamps = Stamps()                                   # one per gateway
     fields = fingerprint_fields(stamp, alone, raw, payload)
-    answer = Forwarded(payload, fields, stamp.json)
+    answer = Forwarded(payload, fields, stamp.system, stamp.json)
     wrap(answer) -> dict     render(answer) -> bytes (the same dict as JSON)
 
 The fingerprint's fields are kept as a dict in `Fingerprint`'s field order: the hot path renders
@@ -34,10 +34,12 @@ _STAMPS = 4096
 @dataclass(frozen=True)
 class Stamp:
     """The fingerprint fields one replica identity and one seed fix (`fields`), and the same
-    as JSON without its closing brace (`json`), for `render` to continue."""
+    as JSON without its closing brace (`json`), for `render` to continue; `system` is the
+    identity's seed-free `system_fingerprint`."""
 
     fields: dict[str, Any]
     json: str
+    system: str
 
 
 @dataclass
@@ -62,7 +64,7 @@ class Stamps:
             "device": ident.device, "tensor_parallel_size": ident.tensor_parallel_size,
             "replica": replica,
         }
-        stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1])
+        stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1], ident.system_fingerprint())
         self._cache[(replica, seed)] = (ident, stamp)
         return stamp
 
@@ -80,11 +82,13 @@ def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryvi
 
 @dataclass(frozen=True)
 class Forwarded:
-    """The replica's answer and its fingerprint as `fields`; `stamp_json` is the fields' fixed
-    part as JSON (`Stamp.json`; empty: render them all)."""
+    """The replica's answer and its fingerprint as `fields`, OpenAI's `system_fingerprint`
+    (`Stamp.system`); `stamp_json` is the fields' fixed part as JSON (`Stamp.json`; empty:
+    render them all)."""
 
     payload: dict[str, Any]
     fields: dict[str, Any]
+    system_fingerprint: str
     stamp_json: str = field(default="", repr=False)
 
     @functools.cached_property
@@ -94,9 +98,10 @@ class Forwarded:
 
 
 def wrap(forwarded: Forwarded) -> dict[str, Any]:
-    """OpenAI's `system_fingerprint` carries the id; `grm_fingerprint` carries everything."""
+    """OpenAI's `system_fingerprint` names the backend configuration (no seed); `grm_fingerprint`
+    carries everything, the seed and the fingerprint id included."""
     payload = dict(forwarded.payload)
-    payload["system_fingerprint"] = forwarded.fields["fingerprint_id"]
+    payload["system_fingerprint"] = forwarded.system_fingerprint
     payload["grm_fingerprint"] = dict(forwarded.fields)
     return payload
 
@@ -110,7 +115,7 @@ def render(forwarded: Forwarded) -> bytes:
         # An engine answer with a key of that name keeps it where it is: render the dict.
         return RESPONSE_JSON.encode(wrap(forwarded)).encode()
     payload = dict(forwarded.payload)
-    payload["system_fingerprint"] = fields["fingerprint_id"]
+    payload["system_fingerprint"] = forwarded.system_fingerprint
     head = RESPONSE_JSON.encode(payload)  # never "{}": it has system_fingerprint
     encode = RESPONSE_JSON.encode
     tail = (f',"serialized":{"true" if fields["serialized"] else "false"}'

@@ -382,4 +382,5 @@ def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
     stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
-    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.json)
+    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.system,
+                     stamp.json)

@@ -39,10 +39,10 @@ PAYLOADS: list[dict[str, Any]] = [
 ]
 
 
-def pydantic_route(payload: dict[str, Any], fp: Fingerprint) -> bytes:
+def pydantic_route(payload: dict[str, Any], fp: Fingerprint, system: str) -> bytes:
     """The answer as the FastAPI route rendered it with the model."""
     wrapped = dict(payload)
-    wrapped["system_fingerprint"] = fp.fingerprint_id
+    wrapped["system_fingerprint"] = system
     wrapped["grm_fingerprint"] = fp.model_dump()
     return bytes(JSONResponse(wrapped).body)
 
@@ -56,7 +56,7 @@ def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], a
                                                       ident: ReplicaIdentity) -> None:
     stamp = Stamps().get("replica-0", ident, 7)
     fields = fingerprint_fields(stamp, alone, [RAW], payload)
-    answer = Forwarded(payload, fields, stamp.json)
+    answer = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json)
     model = Fingerprint(
         fingerprint_id=ident.fingerprint_id(7), identity="verified" if ident.verified
         else "unverified", seed=7, model_hash=ident.model_hash, env_digest=ident.env_digest,
@@ -67,8 +67,9 @@ def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], a
     # `cache` is there only on answers served from the ledger (grm_service/ledger/cache.py).
     assert list(fields) == [name for name in Fingerprint.model_fields if name != "cache"]
     assert fields == model.model_dump()
-    assert render(answer) == pydantic_route(payload, model)
-    assert render(Forwarded(payload, fields)) == render(answer)  # no stamp: the whole dict
+    assert render(answer) == pydantic_route(payload, model, ident.system_fingerprint())
+    # no stamp: the whole dict
+    assert render(Forwarded(payload, fields, stamp.system)) == render(answer)
     assert bytes(JSONResponse(wrap(answer)).body) == render(answer)
     assert answer.fingerprint == model
     assert fingerprint_headers(fields) == model.headers()
@@ -87,5 +88,35 @@ def test_stamps_follow_the_replicas_identity_object() -> None:
 def test_every_answer_names_the_tensor_parallel_size_of_its_replica() -> None:
     payload = PAYLOADS[0]
     stamp = Stamps().get("r0", identity(tensor_parallel_size=2), 7)
-    answer = Forwarded(payload, fingerprint_fields(stamp, False, [RAW], payload), stamp.json)
+    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    answer = Forwarded(payload, fields, stamp.system, stamp.json)
     assert json.loads(render(answer))["grm_fingerprint"]["tensor_parallel_size"] == 2
+
+
+def test_system_fingerprint_is_the_backend_configuration_without_the_seed() -> None:
+    """OpenAI defines `system_fingerprint` as the backend configuration: one value whatever
+    seed a request chose (the seed and the seeded id stay in `grm_fingerprint`), another for
+    any other model, engine build or numerics."""
+    ident, stamps = identity(), Stamps()
+    answers = {}
+    for seed in (1, 2):
+        stamp = stamps.get("r0", ident, seed)
+        fields = fingerprint_fields(stamp, False, [RAW], PAYLOADS[0])
+        answers[seed] = json.loads(render(Forwarded(PAYLOADS[0], fields, stamp.system,
+                                                    stamp.json)))
+    one, two = answers[1], answers[2]
+    assert one["system_fingerprint"] == two["system_fingerprint"] == (
+        "grm-sys-" + digest(b"blake3:" + b"ab" * 16 + b"|" + b"cd" * 8, 16))
+    assert (one["grm_fingerprint"]["seed"], two["grm_fingerprint"]["seed"]) == (1, 2)
+    assert one["grm_fingerprint"]["fingerprint_id"] == ident.fingerprint_id(1)
+    assert two["grm_fingerprint"]["fingerprint_id"] == ident.fingerprint_id(2)
+    assert ident.fingerprint_id(1) != ident.fingerprint_id(2)
+    assert stamps.get("r1", ident, 3).system == ident.system_fingerprint()  # another replica
+    others = [identity(model_hash="blake3:" + "ef" * 16), identity(env_digest="00" * 8),
+              identity(verified=False, model_hash=None, env_digest=None)]
+    systems = {ident.system_fingerprint(), *(o.system_fingerprint() for o in others)}
+    assert len(systems) == 4
+    unverified = others[-1]
+    assert unverified.system_fingerprint().startswith("grm-unverified-")
+    assert unverified.system_fingerprint() == identity(
+        verified=False, model_hash=None, env_digest=None).system_fingerprint()
