@@ -1,12 +1,17 @@
 """`grm-service verify`: prove a running service deterministic under load, or show where not.
 
 Every condition sends the same probe set in a different way and compares each answer's output
-(content and logprobs, bit for bit) with a reference run made one request at a time.
+(content and logprobs, bit for bit) with a reference run made one request at a time. The loaded
+conditions keep `concurrency` requests in flight at once (copies of the probes, or the probes
+among filler), and each replica gets that load on its own (pinned): vLLM #51187 sees
+VLLM_BATCH_INVARIANT=1 outputs differ between repeats of one concurrent workload from about 44
+co-resident sequences on, so the default (64) must reach past it on every replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,11 +20,21 @@ from typing import Any
 
 import httpx
 
+from grm_service.client import GrmClientError, auth_headers
 from grm_service.fingerprint import response_digest
 from grm_service.headers import PIN_HEADER
 from grm_service.probes import filler_requests
 
 Outcome = dict[str, Any]
+# Requests in flight at once in the loaded conditions: above the ~44 co-resident sequences at
+# which vLLM #51187 reports batch invariance breaking.
+DEFAULT_CONCURRENCY = 64
+# A 429 is the service's backpressure, not an answer: wait and send again, this many times.
+_BUSY_RETRIES = 8
+
+
+class AccessRefused(GrmClientError):
+    """The service wants a key (401) or refuses the one given (403)."""
 
 
 @dataclass
@@ -57,9 +72,20 @@ class Prober:
         self.client = client
         self.url = url.rstrip("/")
 
+    async def check_access(self) -> None:
+        r = await self.client.get(self.url + "/v1/models")
+        if r.status_code in (401, 403):
+            raise AccessRefused(f"{self.url} refused the probes (HTTP {r.status_code}): give its "
+                                "key with --api-key or GRM_API_KEY")
+
     async def one(self, body: dict[str, Any], pin: str | None = None) -> Outcome:
         headers = {PIN_HEADER: pin} if pin else {}
-        r = await self.client.post(self.url + "/v1/chat/completions", json=body, headers=headers)
+        for attempt in range(_BUSY_RETRIES + 1):
+            r = await self.client.post(self.url + "/v1/chat/completions", json=body,
+                                       headers=headers)
+            if r.status_code != 429 or attempt == _BUSY_RETRIES:
+                break
+            await asyncio.sleep(_retry_after(r))
         if r.status_code != 200:
             return {"output": None, "digest": f"HTTP {r.status_code}: {r.text[:300]}",
                     "fingerprint": {}}
@@ -78,6 +104,13 @@ class Prober:
     async def replicas(self) -> list[str]:
         r = await self.client.get(self.url + "/ready")
         return [rep["name"] for rep in r.json().get("replicas", []) if rep["state"] == "ready"]
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.1), 30.0)
+    except ValueError:
+        return 1.0
 
 
 def compare(condition: str, reference: list[Outcome], outcomes: list[Outcome]) -> Row:
@@ -100,29 +133,51 @@ async def _shuffled(prober: Prober, bodies: list[dict[str, Any]]) -> list[Outcom
     return result
 
 
-async def _with_filler(prober: Prober, bodies: list[dict[str, Any]]) -> list[Outcome]:
-    filler = filler_requests(len(bodies) * 2)
-    mixed = await prober.run(bodies + filler, 32)
+async def _with_filler(prober: Prober, bodies: list[dict[str, Any]],
+                       concurrency: int) -> list[Outcome]:
+    filler = filler_requests(max(len(bodies) * 2, concurrency - len(bodies)))
+    mixed = await prober.run(bodies + filler, concurrency)
     return mixed[: len(bodies)]
 
 
+def copies(bodies: list[dict[str, Any]], concurrency: int) -> int:
+    """Copies of the probe set that keep `concurrency` requests in flight; each copy must
+    answer as the reference did."""
+    return max(1, math.ceil(concurrency / len(bodies)))
+
+
+Condition = tuple[str, Callable[[], Awaitable[list[Outcome]]]]
+
+
+def conditions(prober: Prober, bodies: list[dict[str, Any]], concurrency: int,
+               replicas: list[str]) -> list[Condition]:
+    loaded = bodies * copies(bodies, concurrency)
+    rows: list[Condition] = [
+        ("repeat", lambda: prober.run(bodies, 1)),
+        ("concurrency 8", lambda: prober.run(bodies, 8)),
+        (f"concurrency {concurrency}", lambda: prober.run(loaded, concurrency)),
+        ("shuffled order", lambda: _shuffled(prober, bodies)),
+        ("mixed with filler traffic", lambda: _with_filler(prober, bodies, concurrency)),
+    ]
+    rows += [(f"replica {name} alone", partial(prober.run, loaded, concurrency, name))
+             for name in replicas]
+    return rows
+
+
 async def verify(url: str, bodies: list[dict[str, Any]], timeout_s: float = 600,
-                 on_row: Callable[[Row], None] | None = None) -> Report:
+                 on_row: Callable[[Row], None] | None = None, *, api_key: str | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY,
+                 transport: httpx.AsyncBaseTransport | None = None) -> Report:
+    """AccessRefused before any probe when the service wants a key it was not given."""
     report = Report()
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key),
+                                 transport=transport) as client:
         prober = Prober(client, url)
+        await prober.check_access()
         reference = await prober.run(bodies, 1)
-        conditions: list[tuple[str, Callable[[], Awaitable[list[Outcome]]]]] = [
-            ("repeat", lambda: prober.run(bodies, 1)),
-            ("concurrency 8", lambda: prober.run(bodies, 8)),
-            ("concurrency 64", lambda: prober.run(bodies, 64)),
-            ("shuffled order", lambda: _shuffled(prober, bodies)),
-            ("mixed with filler traffic", lambda: _with_filler(prober, bodies)),
-        ]
-        for name in await prober.replicas():
-            conditions.append((f"replica {name} alone", partial(prober.run, bodies, 8, name)))
-        for condition, run in conditions:
-            row = compare(condition, reference, await run())
+        for condition, run in conditions(prober, bodies, concurrency, await prober.replicas()):
+            outcomes = await run()
+            row = compare(condition, reference * (len(outcomes) // len(bodies)), outcomes)
             report.rows.append(row)
             if on_row is not None:
                 on_row(row)

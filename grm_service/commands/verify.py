@@ -12,7 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from grm_service.commands.diffing import diff_runs, load_results
-from grm_service.commands.prober import Report, Row, verify
+from grm_service.commands.prober import (
+    DEFAULT_CONCURRENCY,
+    AccessRefused,
+    Report,
+    Row,
+    verify,
+)
 from grm_service.probes import builtin_probes, load_manifest
 
 console = Console()
@@ -48,17 +54,29 @@ def verify_command(
     manifest: Annotated[
         Path | None, typer.Option(help="JSONL of chat-completion bodies (real items).")
     ] = None,
-    probes: Annotated[int, typer.Option(help="Built-in probe count.")] = 16,
+    probes: Annotated[int, typer.Option(min=1, help="Built-in probe count.")] = 16,
     max_tokens: Annotated[int | None, typer.Option(help="Override probe max_tokens.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 600,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="GRM_API_KEY", help="Key of a service started with GRM_API_KEYS.")] = None,
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Requests in flight at once in the loaded conditions, on the service and "
+        "on each replica alone.")] = DEFAULT_CONCURRENCY,
 ) -> None:
-    """Send a probe set under several conditions; exit 0 only if every row is complete."""
+    """Send a probe set under several conditions; exit 0 only if every row is complete
+    (2: the service refused the key)."""
     try:
         bodies = load_manifest(manifest) if manifest else builtin_probes(probes, max_tokens)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err), param_hint="--manifest") from None
-    console.print(f"verifying {url} with {len(bodies)} probe item(s)")
-    report = asyncio.run(verify(url, bodies, timeout, on_row=_print_row))
+    console.print(f"verifying {url} with {len(bodies)} probe item(s), {concurrency} in flight "
+                  "when loaded")
+    try:
+        report = asyncio.run(verify(url, bodies, timeout, on_row=_print_row, api_key=api_key,
+                                    concurrency=concurrency))
+    except AccessRefused as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
     _summary(report)
     for row in report.rows:
         if row.first_mismatch is not None:

@@ -6,6 +6,7 @@ killed and restarted by the keeper, and a gateway killed with its replicas, are 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -158,6 +159,39 @@ def test_verify_all_rows_complete_on_a_clean_service(two: Proc) -> None:
     for row in ("repeat", "concurrency 64", "shuffled order", "mixed with filler traffic",
                 "replica r0 alone", "replica r1 alone"):
         assert row in result.stdout
+
+
+KEY = "verify-key"
+
+
+@pytest.fixture(scope="module")
+def keyed(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Proc]:
+    env = {"GRM_API_KEYS": KEY, "GRM_AUDIT_FRACTION": "0"}
+    with running_gateway(tmp_path_factory.mktemp("keyed"), *attach_args(text_backends, "tiny"),
+                         env=env) as gw:
+        yield gw
+
+
+def verify_keyed(gw: Proc, *flags: str, key_env: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GRM_API_KEY"}
+    if key_env is not None:
+        env["GRM_API_KEY"] = key_env
+    return subprocess.run([sys.executable, "-m", "grm_service.cli", "verify", "--url", gw.url,
+                           "--probes", "4", "--max-tokens", "8", "--concurrency", "12", *flags],
+                          capture_output=True, text=True, timeout=900, env=env, check=False)
+
+
+def test_verify_checks_a_keyed_service_with_its_key(keyed: Proc) -> None:
+    refused = verify_keyed(keyed, key_env=None)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "HTTP 401" in refused.stdout and "--api-key or GRM_API_KEY" in refused.stdout
+    done = verify_keyed(keyed, key_env=KEY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for row in ("concurrency 12", "replica r0 alone", "replica r1 alone"):
+        assert row in done.stdout
+    flag_wins = verify_keyed(keyed, "--api-key", "not-the-key", key_env=KEY)
+    assert flag_wins.returncode == 2, flag_wins.stdout + flag_wins.stderr
 
 
 def audits_settled(gw: Proc, timeout: float = 600) -> dict[str, Any]:
