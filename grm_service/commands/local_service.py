@@ -28,7 +28,7 @@ class ServeSpec:
     model: str
     work_dir: Path
     replicas: int = 2
-    engine: str = "vllm-cpu"
+    engine: str | None = "vllm-cpu"  # None: the child `serve` picks (GRM_ENGINE, else auto)
     dtype: str = "float32"
     max_model_len: int | None = 512
     engine_args: tuple[str, ...] = ("--enforce-eager",)
@@ -36,8 +36,10 @@ class ServeSpec:
 
     def argv(self, port: int) -> list[str]:
         argv = [sys.executable, "-m", "grm_service.cli", "serve", "--model", self.model,
-                "--replicas", str(self.replicas), "--engine", self.engine, "--dtype", self.dtype,
+                "--replicas", str(self.replicas), "--dtype", self.dtype,
                 "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(self.work_dir)]
+        if self.engine:
+            argv += ["--engine", self.engine]
         if self.max_model_len:
             argv += ["--max-model-len", str(self.max_model_len)]
         return [*argv, "--", *self.engine_args]

@@ -22,6 +22,7 @@ from grm_service.client import AsyncGrmClient, GrmClientError
 from grm_service.commands.local_service import ServeSpec, local_service
 from grm_service.commands.manifest import Entry, ManifestError, load_entries
 from grm_service.commands.results import ResultWriter, format_of, read_rows
+from grm_service.config import EngineName
 from grm_service.fingerprint import json_digest
 from grm_service.scoring.context import ItemError
 from grm_service.scoring.models import ItemResult, ScoreItem
@@ -151,7 +152,9 @@ def score_command(
     serve: Annotated[bool, typer.Option(help="Start a service for this run.")] = False,
     model: Annotated[str | None, typer.Option(help="Model for --serve.")] = None,
     replicas: Annotated[int, typer.Option(help="Replicas for --serve.")] = 2,
-    engine: Annotated[str, typer.Option(help="Engine for --serve.")] = "vllm-cpu",
+    engine: Annotated[EngineName | None, typer.Option(
+        help="Engine for --serve; default: as `serve` picks (GRM_ENGINE, else vllm where a "
+        "CUDA GPU is visible, vllm-cpu otherwise).")] = None,
     dtype: Annotated[str, typer.Option(help="Dtype for --serve.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Context for --serve.")] = None,
     scorer: Annotated[str, typer.Option(help="Registered scorer.")] = "ocr",
@@ -184,12 +187,19 @@ def score_command(
     if url:
         raise typer.Exit(execute(url, entries, job, output, fmt, resume, allow_errors))
     with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
-        spec = ServeSpec(model=str(model), work_dir=Path(work), replicas=replicas, engine=engine,
-                         dtype=dtype, max_model_len=max_model_len,
-                         engine_args=tuple(ctx.args))
+        spec = serve_spec(Path(work), str(model), replicas, engine, dtype, max_model_len,
+                          ctx.args)
         with local_service(spec) as started:
             code = execute(started, entries, job, output, fmt, resume, allow_errors)
     raise typer.Exit(code)
+
+
+def serve_spec(work_dir: Path, model: str, replicas: int, engine: EngineName | None, dtype: str,
+               max_model_len: int | None, engine_args: Sequence[str]) -> ServeSpec:
+    """The service `--serve` starts; without `--engine` its `serve` picks one as it always does."""
+    return ServeSpec(model=model, work_dir=work_dir, replicas=replicas,
+                     engine=engine.value if engine else None, dtype=dtype,
+                     max_model_len=max_model_len, engine_args=tuple(engine_args))
 
 
 def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,

@@ -1,6 +1,15 @@
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import typer
+
+from grm_service import cli
+from grm_service.commands.score import serve_spec
+from grm_service.config import EngineName
+from grm_service.engines import resolve_engine
 
 
 async def test_ctrl_c_interrupts_a_running_task_group() -> None:
@@ -22,3 +31,33 @@ async def test_ctrl_c_interrupts_a_running_task_group() -> None:
     with pytest.raises(KeyboardInterrupt):
         await _until_interrupted(work())
     assert finished == []
+
+
+def _parsed(command: str, args: list[str]) -> dict[str, Any]:
+    """The options the real `grm-service COMMAND` parses from `args` (nothing is run)."""
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, typer.core.TyperGroup)
+    with group.commands[command].make_context(command, args) as ctx:
+        return dict(ctx.params)
+
+
+@pytest.mark.parametrize(("given", "child_engine"), [
+    ([], None), (["--engine", "vllm"], EngineName.VLLM), (["--engine", "vllm-cpu"],
+                                                          EngineName.VLLM_CPU)])
+def test_score_serve_picks_the_engine_as_serve_does(
+        tmp_path: Path, given: list[str], child_engine: EngineName | None) -> None:
+    """Without --engine, the service `score --serve` starts gets none either: its `serve`
+    resolves `auto` (vllm where a CUDA GPU is visible, else vllm-cpu) as a bare `serve` does."""
+    params = _parsed("score", ["imgs/", "-o", "out.jsonl", "--serve", "--model", "/m", *given])
+    spec = serve_spec(tmp_path, "/m", params["replicas"], params["engine"], params["dtype"],
+                      params["max_model_len"], ["--enforce-eager"])
+    argv = spec.argv(8123)
+    assert argv[1:4] == ["-m", "grm_service.cli", "serve"]
+    served = _parsed("serve", argv[4:])
+    assert served["engine"] == child_engine
+    bare = _parsed("serve", ["--model", "/m"])
+    settings = cli.build_settings(model="/m", engine=served["engine"])
+    if not given:
+        assert settings.engine == cli.build_settings(model="/m", engine=bare["engine"]).engine
+        assert resolve_engine(settings.engine) == resolve_engine(EngineName.AUTO)
+    assert argv[-2:] == ["--", "--enforce-eager"]
