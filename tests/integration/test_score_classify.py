@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from grm_service.fingerprint import json_digest
+from grm_service.tiny_models import ensure_tiny_model
 from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 
@@ -57,3 +58,33 @@ def test_classify_pass_through_carries_the_fingerprint(service: Proc) -> None:
     assert first.json()["data"] == second.json()["data"]
     assert fp == second.json()["grm_fingerprint"]
     assert first.headers["x-grm-fingerprint"] == fp["fingerprint_id"]
+
+
+def verl_disrm_value(gw: Proc, tokenizer: Any, item: dict[str, Any]) -> float:
+    """What verl 0.9.1's own DisRM reads, in its request shape (`RewardLoopWorker.
+    compute_score_disrm`, vLLM engine): the chat with the response, templated without a
+    generation prompt, a leading BOS dropped, posted to /classify without the activation, and
+    the last label of the last output taken."""
+    chat = [{"role": "user", "content": item["prompt"]},
+            {"role": "assistant", "content": item["completion"]}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
+        text = text[len(tokenizer.bos_token):]
+    body = {"model": RECIPES["classifier"].served, "input": text, "use_activation": False}
+    r = httpx.post(gw.url + "/classify", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return float(r.json()["data"][-1]["probs"][-1])
+
+
+def test_raw_output_is_bit_for_bit_the_value_verl_reads(service: Proc) -> None:
+    """Migrating from verl's DisRM: `output: raw` gives the number verl's reward loop gave for
+    the same conversation (the default, `prob`, is its sigmoid)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model("classifier"))
+    raw = score(service, ITEMS, output="raw")
+    verl = [verl_disrm_value(service, tokenizer, item) for item in ITEMS]
+    assert [r["score"] for r in raw] == verl
+    assert len(set(verl)) == len(ITEMS)
+    probs = score(service, ITEMS)
+    assert all(p["score"] != v for p, v in zip(probs, verl, strict=True))
