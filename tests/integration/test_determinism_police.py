@@ -162,7 +162,7 @@ def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identit
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         fp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120).json()
         assert fp["grm_fingerprint"]["identity"] == "unverified"
-        assert fp["system_fingerprint"].startswith("grm-unverified-")
+        assert fp["system_fingerprint"].startswith("grm-unverified-sys-")  # no seed in it
 
 
 @pytest.mark.parametrize("policy", ["fail", "serialize"])
