@@ -152,9 +152,10 @@ Condition = tuple[str, Callable[[], Awaitable[list[Outcome]]]]
 def conditions(prober: Prober, bodies: list[dict[str, Any]], concurrency: int,
                replicas: list[str]) -> list[Condition]:
     loaded = bodies * copies(bodies, concurrency)
-    rows: list[Condition] = [
-        ("repeat", lambda: prober.run(bodies, 1)),
-        ("concurrency 8", lambda: prober.run(bodies, 8)),
+    rows: list[Condition] = [("repeat", lambda: prober.run(bodies, 1))]
+    if concurrency != 8:
+        rows.append(("concurrency 8", lambda: prober.run(bodies, 8)))
+    rows += [
         (f"concurrency {concurrency}", lambda: prober.run(loaded, concurrency)),
         ("shuffled order", lambda: _shuffled(prober, bodies)),
         ("mixed with filler traffic", lambda: _with_filler(prober, bodies, concurrency)),

@@ -118,3 +118,12 @@ def test_backpressure_is_waited_out_not_reported_as_a_difference() -> None:
     report = asyncio.run(verify(URL, builtin_probes(4), concurrency=8,
                                 transport=httpx.MockTransport(sometimes_busy)))
     assert busy["left"] == 0 and report.ok
+
+
+def test_each_row_is_named_once_at_any_concurrency() -> None:
+    report = asyncio.run(verify(URL, builtin_probes(4), concurrency=8,
+                                transport=httpx.MockTransport(Service())))
+    names = [row.condition for row in report.rows]
+    assert len(names) == len(set(names)) and "concurrency 8" in names
+    assert dict(zip(names, ((r.identical, r.total) for r in report.rows), strict=True))[
+        "concurrency 8"] == (8, 8)
