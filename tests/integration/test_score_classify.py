@@ -3,7 +3,10 @@ through /v1/score and /classify."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,30 +63,46 @@ def test_classify_pass_through_carries_the_fingerprint(service: Proc) -> None:
     assert first.headers["x-grm-fingerprint"] == fp["fingerprint_id"]
 
 
-def verl_disrm_value(gw: Proc, tokenizer: Any, item: dict[str, Any]) -> float:
-    """What verl 0.9.1's own DisRM reads, in its request shape (`RewardLoopWorker.
-    compute_score_disrm`, vLLM engine): the chat with the response, templated without a
-    generation prompt, a leading BOS dropped, posted to /classify without the activation, and
-    the last label of the last output taken."""
-    chat = [{"role": "user", "content": item["prompt"]},
-            {"role": "assistant", "content": item["completion"]}]
-    text = tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
-    if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
-        text = text[len(tokenizer.bos_token):]
-    body = {"model": RECIPES["classifier"].served, "input": text, "use_activation": False}
-    r = httpx.post(gw.url + "/classify", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return float(r.json()["data"][-1]["probs"][-1])
+# verl 0.9.1's own DisRM request (`RewardLoopWorker._preprocess_reward_inputs` and
+# `compute_score_disrm`, vLLM engine): the chat with the response, templated by the reward model's
+# tokenizer without a generation prompt, a leading BOS dropped. Run in a child: importing
+# transformers sets variables in its process's environment.
+VERL_TEMPLATING = """
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+texts = []
+for chat in json.load(sys.stdin):
+    text = tok.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    if tok.bos_token is not None and text.startswith(tok.bos_token):
+        text = text[len(tok.bos_token):]
+    texts.append(text)
+print(json.dumps(texts))
+"""
+
+
+def verl_disrm_values(gw: Proc, items: list[dict[str, Any]]) -> list[float]:
+    """What verl reads: /classify without the activation, the last label of the last output."""
+    chats = [[{"role": "user", "content": item["prompt"]},
+              {"role": "assistant", "content": item["completion"]}] for item in items]
+    done = subprocess.run([sys.executable, "-c", VERL_TEMPLATING,
+                           str(ensure_tiny_model("classifier"))], input=json.dumps(chats),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    values = []
+    for text in json.loads(done.stdout):
+        body = {"model": RECIPES["classifier"].served, "input": text, "use_activation": False}
+        r = httpx.post(gw.url + "/classify", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        values.append(float(r.json()["data"][-1]["probs"][-1]))
+    return values
 
 
 def test_raw_output_is_bit_for_bit_the_value_verl_reads(service: Proc) -> None:
     """Migrating from verl's DisRM: `output: raw` gives the number verl's reward loop gave for
     the same conversation (the default, `prob`, is its sigmoid)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model("classifier"))
     raw = score(service, ITEMS, output="raw")
-    verl = [verl_disrm_value(service, tokenizer, item) for item in ITEMS]
+    verl = verl_disrm_values(service, ITEMS)
     assert [r["score"] for r in raw] == verl
     assert len(set(verl)) == len(ITEMS)
     probs = score(service, ITEMS)
