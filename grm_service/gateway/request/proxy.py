@@ -26,7 +26,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, Identity
+from grm_service.fingerprint import Fingerprint, Identity, system_fingerprint
 from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.gateway.request.audit import Auditor
@@ -288,15 +288,27 @@ async def forward(
         return await _send(gw, path, body, raw, pin, audit)
     forwarded, how = await gw.ledger.answer(
         path, raw, origin, _expected_id(gw, body), lambda: _send(gw, path, body, raw, pin, audit),
-        served, cacheable=pin is None)  # a pinned request asks that replica, not the record
+        functools.partial(served, gw), cacheable=pin is None)  # pinned: that replica, no record
     if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
         _audit(gw, gw.auditor, path, body, None, forwarded)
     return forwarded
 
 
-def served(payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
+def served(gw: Gateway, payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
     """A recorded answer served again (`fields` marked by the ledger): rendered whole."""
-    return Forwarded(payload, fields)
+    return Forwarded(payload, fields, _system_of(gw, fields))
+
+
+def _system_of(gw: Gateway, fields: dict[str, Any]) -> str:
+    """The seed-free `system_fingerprint` of the identity that computed a recorded answer: the
+    service's own where the fingerprint ids agree (the ledger keys answers by it), else what a
+    verified answer's fields prove."""
+    ref = gw.reference
+    if ref is not None and ref.fingerprint_id(fields["seed"]) == fields["fingerprint_id"]:
+        return ref.system_fingerprint()
+    if fields.get("model_hash") and fields.get("env_digest"):
+        return system_fingerprint(fields["model_hash"], fields["env_digest"])
+    return "grm-unverified-sys-unknown"
 
 
 def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:

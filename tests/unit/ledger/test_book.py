@@ -44,12 +44,19 @@ class Engine:
         payload = {"id": f"call-{self.calls}", "choices": [{"message": {"content": "4"}}]}
         fields = {"fingerprint_id": self.fp, "request_digest": digest(b"".join(RAW)),
                   "response_digest": "d", "replica": "r0"}
-        return Forwarded(payload, fields)
+        return Forwarded(payload, fields, SYSTEM)
+
+
+SYSTEM = "grm-sys-0"  # the answers' system_fingerprint: what the ledger keeps is not about it
+
+
+def served(payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
+    return Forwarded(payload, fields, SYSTEM)
 
 
 async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
               path: str = "/v1/chat/completions", cacheable: bool = True) -> tuple[Forwarded, str]:
-    return await book.answer(path, RAW, origin, expected, compute, Forwarded, cacheable)
+    return await book.answer(path, RAW, origin, expected, compute, served, cacheable)
 
 
 @pytest.fixture

@@ -111,6 +111,10 @@ async def test_chat_cache_on_serves_the_recorded_bytes(stub: Proc, tmp_path: Pat
     a, b = first.json(), again.json()
     assert b.pop("grm_fingerprint") == {**a.pop("grm_fingerprint"), "cache": "hit"}
     assert b == a  # the engine's answer as recorded, its id and time included
+    # A recorded answer names the same backend, which another seed does not change.
+    assert b["system_fingerprint"] == other_seed.json()["system_fingerprint"]
+    assert b["system_fingerprint"].startswith("grm-unverified-sys-")
+    assert "unknown" not in b["system_fingerprint"]
 
 
 async def test_export_is_what_diff_reads(stub: Proc, tmp_path: Path) -> None:
