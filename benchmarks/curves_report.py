@@ -6,9 +6,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import curves_cache
+
 PAIRS = (("grm A", "grm B"), ("plain A", "plain B"))
-STYLES = {"grm A": ("tab:blue", "-", "o"), "grm B": ("tab:cyan", "--", "x"),
-          "plain A": ("tab:red", "-", "s"), "plain B": ("tab:orange", "--", "+")}
+STYLES = {"grm A": ("tab:blue", "-", "o"), "grm A again": ("tab:green", ":", "."),
+          "grm B": ("tab:cyan", "--", "x"), "plain A": ("tab:red", "-", "s"),
+          "plain B": ("tab:orange", "--", "+")}
 
 
 def values(step: dict[str, Any]) -> list[float]:
@@ -103,7 +106,7 @@ def report(data: dict[str, Any], source: Path) -> None:
     runs = data["runs"]
     print("\n".join(table(runs)))
     print()
-    print("\n".join(verdicts(runs)))
+    print("\n".join(verdicts(runs) + curves_cache.lines(data)))
     png = source.with_suffix(".png")
     if plot(data, png):
         print(f"plot: {png}")

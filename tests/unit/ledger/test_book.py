@@ -95,6 +95,22 @@ async def test_a_score_repeat_is_the_recorded_answer_marked_a_hit(ledger: Ledger
     assert again.fingerprint.cache == "hit"
 
 
+async def test_a_repeat_under_other_run_and_step_tags_is_a_hit(ledger: Ledger,
+                                                                tmp_path: Path) -> None:
+    # A trainer's repeated run (or a validation set asked at every step) sends the same bodies
+    # under other tags: the tags go on the record, never into the key.
+    engine = Engine()
+    await ask(ledger, SCORE, "grm-1", engine)
+    later = Origin(SCORE_ROUTE, "key-a", "run-2", 40)
+    untagged = Origin(SCORE_ROUTE, "key-a")
+    hows = [(await ask(ledger, origin, "grm-1", engine))[1] for origin in (later, untagged)]
+    assert hows == ["hit", "hit"] and engine.calls == 1
+    await ledger.close()
+    rows = open_store(str(tmp_path / "l.sqlite")).records(Selection())
+    assert [(r.origin.run, r.origin.step, r.cache) for r in rows] == [
+        ("run-1", 3, ""), ("run-2", 40, "hit"), (None, None, "hit")]
+
+
 async def test_a_hit_comes_from_the_store_after_a_restart(tmp_path: Path) -> None:
     engine = Engine()
     first = Ledger(settings(tmp_path), Metrics())
