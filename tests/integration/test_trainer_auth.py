@@ -60,16 +60,18 @@ async def _call(function: object, columns: dict[str, object]) -> list[float | No
     return await answer if hasattr(answer, "__await__") else answer  # type: ignore[no-any-return]
 
 
-async def test_verl_functions_need_the_key(gateway: Proc) -> None:
+async def test_verl_functions_need_the_key(gateway: Proc, monkeypatch: pytest.MonkeyPatch) -> None:
+    # verl logs reward_kwargs, so its functions take the key from the workers' environment only.
+    monkeypatch.setenv("GRM_TEST_TRAINER_KEY", KEY)
     kw = {"url": gateway.url, "scorer": "trainer", "error_score": -1.0}
+    keyed = {**kw, "api_key_env": "GRM_TEST_TRAINER_KEY"}
     with pytest.raises(RequestRejected, match="HTTP 401"):
         await verl.compute_score("s", "4", "4", {"question": "2+2?"}, **kw)
     with pytest.raises(RequestRejected, match="HTTP 401"):
         verl.compute_score_batch(["s"], ["4"], ["4"], [None], **kw)
-    one = await verl.compute_score("s", "4", ["four", "4"], {"question": "2+2?"},
-                                   api_key=KEY, **kw)
+    one = await verl.compute_score("s", "4", ["four", "4"], {"question": "2+2?"}, **keyed)
     batch = verl.compute_score_batch(["s"] * 3, ANSWERS, LABELS,
-                                     [{"question": p} for p in PROMPTS], api_key=KEY, **kw)
+                                     [{"question": p} for p in PROMPTS], **keyed)
     fingerprint = httpx.get(gateway.url + "/v1/fingerprint",
                             headers={"authorization": f"Bearer {KEY}"}).json()
     await verl.close_clients()
