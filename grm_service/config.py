@@ -109,7 +109,14 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="Gateway port (0 = any free port).")
     workers: int = Field(
         1, ge=1, le=256, description="Gateway processes accepting on the port (one per core); "
-        "the replicas are kept by one of them.",
+        "the replicas are kept by a process of their own.",
+    )
+    worker_ping_interval_s: float = Field(
+        1.0, gt=0, description="With --workers N: between liveness pings of each worker."
+    )
+    worker_ping_timeout_s: float = Field(
+        10.0, gt=0, description="With --workers N: a worker whose event loop has not answered "
+        "a ping this long is killed and started again.",
     )
     engine: EngineName = Field(EngineName.AUTO, description="auto | vllm | vllm-cpu.")
     gpus: Annotated[list[int], NoDecode] = Field(

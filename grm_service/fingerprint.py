@@ -156,30 +156,9 @@ def response_digest(payload: Mapping[str, Any]) -> str:
     return json_digest(produced(payload))
 
 
-class Identity(BaseModel):
-    """`GET /v1/fingerprint`: the identity the admitted replicas reported (`identity` says
-    whether they proved it: verified | unverified | pending), with the env-digest inputs in
-    clear (numerics-relevant variables only) and each replica's fingerprint id."""
-
-    fingerprint_id: str
-    identity: str
-    seed: int
-    model: str
-    model_hash: str | None
-    env_digest: str | None
-    engine: str | None
-    engine_version: str | None
-    device: str | None
-    tensor_parallel_size: int | None
-    serialized: bool
-    env_inputs: dict[str, Any]
-    unknown: list[str]
-    replicas: dict[str, str]
-
-
 class Fingerprint(BaseModel):
-    """One response's fingerprint: the serving replica's own identity plus what was asked and
-    answered, and where."""
+    """One response's fingerprint: fields of the serving replica's own `ReplicaIdentity`
+    (engine_side/identity.py) for this seed, plus what was asked and answered, and where."""
 
     fingerprint_id: str
     identity: str

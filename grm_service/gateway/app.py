@@ -14,9 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
 from grm_service import __version__
-from grm_service.config import Launcher, Settings
-from grm_service.engine_side.identity import ReplicaIdentity
-from grm_service.engines import select_engine
+from grm_service.config import Settings
 from grm_service.errors import GrmError
 from grm_service.gateway.edge import (
     routes_admin,
@@ -38,57 +36,16 @@ from grm_service.gateway.role import WorkerRole
 from grm_service.gateway.service import Service
 from grm_service.ledger.book import Ledger
 from grm_service.metrics import Metrics
-from grm_service.replicas.admission import Admission, OutputCheck
-from grm_service.replicas.canary import Canary
-from grm_service.replicas.keeper import Keeper
-from grm_service.replicas.pool import Replica, ReplicaPool
-from grm_service.replicas.pooling_canary import PoolingCanary
+from grm_service.replicas.deployment import keeper_for
+from grm_service.replicas.identity import ServiceIdentity
+from grm_service.replicas.pool import ReplicaPool
 from grm_service.replicas.shared_gate import GateFile
-from grm_service.replicas.snapshot import Follower, Published
-from grm_service.replicas.sources import attached_sources, local_sources
+from grm_service.replicas.snapshot import Follower
 from grm_service.scoring.presets import scorer_names as _scorer_names
 
 log = logging.getLogger(__name__)
 
 OnFatal = Callable[[str], None]
-
-
-def _keeper(settings: Settings, metrics: Metrics, admission: Admission,
-            client: httpx.AsyncClient) -> tuple[Keeper, Callable[[], Awaitable[None]] | None]:
-    """The keeper over this deployment's replica sources, and what closes their cluster."""
-    if settings.attach:
-        return Keeper(settings, metrics, attached_sources(settings), admission, client), None
-    engine = select_engine(settings)
-    if settings.launcher is Launcher.RAY:
-        # Imported here: Ray is an optional extra (`grm-service[ray]`).
-        from grm_service.replicas.launchers.ray import RayCluster
-
-        cluster = RayCluster(settings, engine)
-        return Keeper(settings, metrics, cluster.sources(), admission, client), cluster.close
-    return Keeper(settings, metrics, local_sources(engine), admission, client), None
-
-
-def _output_checks(settings: Settings, metrics: Metrics) -> OutputCheck | None:
-    """The canary, then the pooling canary (which proves only what the engine profile claims)."""
-    if not settings.canary:
-        return None
-    checks: list[OutputCheck] = [Canary(settings, metrics), PoolingCanary(settings, metrics)]
-
-    async def run(replica: Replica, client: httpx.AsyncClient) -> str | None:
-        for check in checks:
-            if problem := await check(replica, client):
-                return problem
-        return None
-
-    return run
-
-
-def _settled(gw: Gateway, reference: ReplicaIdentity) -> None:
-    gw.settle(reference)
-    ident = gw.identity
-    gw.metrics.info.info({"seed": str(ident.seed), "fingerprint": ident.fingerprint_id,
-                          "engine": str(ident.engine), "identity": ident.identity,
-                          "version": __version__})
 
 
 def _report_start(on_fatal: OnFatal | None, task: asyncio.Task[None]) -> None:
@@ -115,28 +72,21 @@ class ReplicaSide(Protocol):
 
 
 def _replica_side(
-    settings: Settings, worker: WorkerRole | None, metrics: Metrics, admission: Admission,
+    settings: Settings, worker: WorkerRole | None, metrics: Metrics, identity: ServiceIdentity,
     probes: httpx.AsyncClient,
-) -> tuple[ReplicaSide, Callable[[], Awaitable[None]] | None]:
-    """The keeper; with `--workers N`, the keeper's worker publishes its replica set and the
-    others follow it, every replica's gate shared by all of them."""
+) -> tuple[ReplicaSide, Callable[[], Awaitable[None]]]:
+    """One process: the keeper itself. With `--workers N` the keeper runs in a process of its
+    own (workers/keeper_process.py) and every serving worker follows the replica set it
+    publishes, every replica's gate shared by all of them."""
     if worker is None:
-        return _keeper(settings, metrics, admission, probes)
+        kept = keeper_for(settings, metrics, identity, probes)
+        return kept.keeper, kept.close
     gates = GateFile(worker.gates_path, worker.index, worker.count)
-    keeper, close_cluster = (_keeper(settings, metrics, admission, probes) if worker.keeper
-                             else (None, None))
 
     async def close() -> None:
-        if close_cluster is not None:
-            await close_cluster()
-        gates.close()  # last: closing the file drops this process's locks
+        gates.close()  # closing the file drops this process's locks
 
-    if keeper is None:
-        return Follower(worker.snapshot_path, gates.gate), close
-    for index, replica in enumerate(keeper.pool.replicas):
-        replica.gate = gates.gate(index)
-    bound = settings.drain_timeout_s + settings.shutdown_grace_s
-    return Published(keeper, worker.snapshot_path, lambda: worker.followers_gone(bound)), close
+    return Follower(worker.snapshot_path, gates.gate, identity), close
 
 
 async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
@@ -163,8 +113,8 @@ def _lifespan(
         # A bad --scorers entry fails start-up rather than the first request.
         log.info("scorers: %s", ", ".join(scorer_names(settings)))
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
-        admission = Admission(settings, probes, _output_checks(settings, metrics))
-        side, close_side = _replica_side(settings, worker, metrics, admission, probes)
+        identity = ServiceIdentity(settings, metrics)  # the one holder of this process
+        side, close_side = _replica_side(settings, worker, metrics, identity, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.
         client = Upstream.from_settings(settings)
         # With N workers each one audits at 1/N of the rate: the limit holds for the service.
@@ -172,17 +122,16 @@ def _lifespan(
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
         ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
-                     auditor=auditor, ledger=ledger)
-        # The reference identity: admission's where the keeper runs, else the snapshot's.
-        (side if isinstance(side, Follower) else admission).on_reference(
-            lambda ref: _settled(gw, ref))
+                     identity=identity, auditor=auditor, ledger=ledger)
         service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
         if ledger is not None:
             ledger.start()
+        pings = contextlib.ExitStack()
         if worker is not None:
             background.append(asyncio.create_task(_count_answered(metrics, worker)))
+            pings.enter_context(worker.answer_pings())
         try:
             yield
         finally:
@@ -194,9 +143,9 @@ def _lifespan(
             await auditor.close()
             if ledger is not None:
                 await ledger.close()  # what the drain answered is written before the exit
+            pings.close()
             await side.stop()
-            if close_side is not None:
-                await close_side()
+            await close_side()
             await probes.aclose()
             await client.close()
 

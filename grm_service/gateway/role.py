@@ -1,16 +1,29 @@
 """A serving process's place among the gateway's workers (`serve --workers N`), as the manager
-tells it."""
+tells it, and the liveness ping it answers."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+
+def gates_path(run_dir: Path) -> Path:
+    """The replicas' gates shared by the workers (replicas/shared_gate.py)."""
+    return run_dir / "gates"
+
+
+def snapshot_path(run_dir: Path) -> Path:
+    """The replica set the keeper publishes (replicas/snapshot.py)."""
+    return run_dir / "replicas.json"
+
+
+def metrics_dir(run_dir: Path) -> Path:
+    return run_dir / "metrics"
 
 
 @dataclass(frozen=True)
@@ -21,43 +34,46 @@ class WorkerRole:
     count: int
     run_dir: Path
     listen_fd: int
-    followers_fd: int | None = None  # worker 0: EOF once every follower has exited
-
-    @property
-    def keeper(self) -> bool:
-        return self.index == 0
+    ping_fd: int | None = None  # the manager's liveness pings come in here
 
     @property
     def gates_path(self) -> Path:
-        return self.run_dir / "gates"
+        return gates_path(self.run_dir)
 
     @property
     def snapshot_path(self) -> Path:
-        return self.run_dir / "replicas.json"
+        return snapshot_path(self.run_dir)
 
     @property
     def metrics_dir(self) -> Path:
-        return self.run_dir / "metrics"
+        return metrics_dir(self.run_dir)
 
     def socket(self) -> socket.socket:
         return socket.socket(fileno=self.listen_fd)
 
-    async def followers_gone(self, timeout_s: float) -> None:
-        """Until the manager closes the pipe's write end (or dies), bounded."""
-        if self.followers_fd is None:
-            return
-        fd, loop = self.followers_fd, asyncio.get_running_loop()
-        gone: asyncio.Future[None] = loop.create_future()
+    def answer_pings(self) -> contextlib.AbstractContextManager[None]:
+        return answering_pings(self.ping_fd)
 
-        def readable() -> None:
-            if not os.read(fd, 1) and not gone.done():
-                gone.set_result(None)
 
-        loop.add_reader(fd, readable)
-        try:
-            await asyncio.wait_for(gone, timeout_s)
-        except TimeoutError:
-            log.warning("followers still running after %.0f s; stopping the replicas anyway",
-                        timeout_s)
-        finally:
-            loop.remove_reader(fd)
+@contextlib.contextmanager
+def answering_pings(fd: int | None) -> Iterator[None]:
+    """While open, the running event loop echoes each ping byte back: an answer proves the loop
+    turns (a worker that is stopped, dead-locked or never yields leaves the ping unanswered)."""
+    if fd is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+
+    def answer() -> None:
+        with contextlib.suppress(BlockingIOError, ConnectionError):
+            if ping := os.read(fd, 64):
+                os.write(fd, ping)
+                return
+            loop.remove_reader(fd)  # EOF: the manager is gone; die_with_parent ends us
+
+    loop.add_reader(fd, answer)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)

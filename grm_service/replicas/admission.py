@@ -3,7 +3,8 @@
 Before anything is routed to a replica the gateway reads the identity the replica computed itself
 (`GET /grm/identity`, see `replica_identity`). A plain vLLM server has no such route: it is
 admitted as `unverified`, with only what its API says (`/v1/models`, `/version`) and nothing made
-up. The first replica admitted sets the service's reference identity; a later replica whose
+up. The first replica admitted settles the service's reference identity (`ServiceIdentity`, the
+one holder, handed in); a later replica whose
 identity differs is refused with the parts that differ named. Then the canary (if on) proves the
 replica's outputs, against the reference answers of replicas with the same identity: a replica
 that claims the identity but computes something else (weights changed under it) is refused there.
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from grm_service.config import Settings
 from grm_service.engine_side.identity import IDENTITY_PATH, ReplicaIdentity, unverified_identity
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica
 
 log = logging.getLogger(__name__)
@@ -88,17 +90,13 @@ class Admission:
     """Identity, then outputs; one replica at a time, so the reference is settled first."""
 
     def __init__(self, settings: Settings, client: httpx.AsyncClient,
-                 outputs: OutputCheck | None = None) -> None:
+                 outputs: OutputCheck | None = None,
+                 identity: ServiceIdentity | None = None) -> None:
         self.settings = settings
-        self.reference: ReplicaIdentity | None = None
+        self.identity = identity if identity is not None else ServiceIdentity(settings)
         self._client = client
         self._outputs = outputs
         self._lock = asyncio.Lock()
-        self._on_reference: list[Callable[[ReplicaIdentity], None]] = []
-
-    def on_reference(self, callback: Callable[[ReplicaIdentity], None]) -> None:
-        """Called once, when the first replica is admitted."""
-        self._on_reference.append(callback)
 
     async def check(self, replica: Replica) -> str | None:
         """None to admit; else why not. Sets `replica.identity` when one was read."""
@@ -114,7 +112,7 @@ class Admission:
             if self._outputs is not None and (problem := await self._outputs(replica,
                                                                               self._client)):
                 return problem
-            if self.reference is None:
+            if self.identity.reference is None:
                 self._settle(replica, identity)
             return None
 
@@ -123,15 +121,14 @@ class Admission:
         if identity.served_model != expected:
             return (f"serves model {identity.served_model!r}, but this gateway serves "
                     f"{expected!r} (--served-model-name)")
-        if self.reference is not None and (diffs := identity.differences(self.reference)):
+        reference = self.identity.reference
+        if reference is not None and (diffs := identity.differences(reference)):
             return "identity differs from the admitted replicas': " + "; ".join(diffs)
         return None
 
     def _settle(self, replica: Replica, identity: ReplicaIdentity) -> None:
-        self.reference = identity
+        self.identity.settle(identity)
         kind = "verified" if identity.verified else "UNVERIFIED (plain vLLM: " + ", ".join(
             identity.unknown) + " unknown)"
         log.info("service identity from %s: %s, %s", replica.name,
                  identity.fingerprint_id(self.settings.seed), kind)
-        for callback in self._on_reference:
-            callback(identity)

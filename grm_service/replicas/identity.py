@@ -1,16 +1,28 @@
-"""The service identity: what the admitted replicas reported, and what that lets the gateway do.
+"""The service identity: the one holder of the reference identity, and what it lets the gateway do.
 
-The gateway's own host says nothing here: the reference is the first admitted replica's own
-identity (all others must match it), and the engine's capabilities (may requests share a batch?)
-follow the engine that replica runs, at the version it runs.
+Names, once: a replica reports its `ReplicaIdentity` (engine_side/identity.py); the service's
+reference is the first admitted replica's, held by `ServiceIdentity` (one per process, built with
+the process; admission settles it where the keeper runs, the replica snapshot settles it in the
+serving workers of `serve --workers N`); everything else reads it there. `GET /v1/fingerprint`
+shows it as an `IdentityReport`; one answer's `Fingerprint` (fingerprint.py) carries the serving
+replica's identity.
+
+The gateway's own host says nothing here: all other replicas must match the reference, and the
+engine's capabilities (may requests share a batch?) follow the engine that replica runs, at the
+version it runs.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel
+
+from grm_service import __version__
 from grm_service.config import SerializeMode, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities, engine_named
-from grm_service.fingerprint import Identity
+from grm_service.metrics import Metrics
 from grm_service.replicas.pool import ReplicaPool
 
 UNVERIFIED = Capabilities(
@@ -20,6 +32,7 @@ UNVERIFIED = Capabilities(
 )
 PENDING = Capabilities(batch_invariant=False, sampling_invariant=False,
                        note="no replica admitted yet")
+PENDING_ID = "pending"
 
 
 def capabilities_of(settings: Settings, identity: ReplicaIdentity) -> Capabilities:
@@ -36,24 +49,74 @@ def always_serialized(caps: Capabilities, mode: SerializeMode) -> bool:
     return not caps.batch_invariant
 
 
-def describe(settings: Settings, reference: ReplicaIdentity | None, caps: Capabilities,
-             pool: ReplicaPool) -> Identity:
-    """`GET /v1/fingerprint`: the reference identity, which parts are unknown, every replica."""
-    replicas = {r.name: r.identity.fingerprint_id(settings.seed) if r.identity else r.state.value
-                for r in pool.replicas}
-    serialized = always_serialized(caps, settings.serialize)
-    if reference is None:
-        return Identity(fingerprint_id="pending", identity="pending", seed=settings.seed,
-                        model=settings.model_name, model_hash=None, env_digest=None, engine=None,
-                        engine_version=None, device=None, tensor_parallel_size=None,
-                        serialized=serialized, env_inputs={}, unknown=["everything"],
-                        replicas=replicas)
-    return Identity(
-        fingerprint_id=reference.fingerprint_id(settings.seed),
-        identity="verified" if reference.verified else "unverified", seed=settings.seed,
-        model=settings.model_name, model_hash=reference.model_hash,
-        env_digest=reference.env_digest, engine=reference.engine,
-        engine_version=reference.engine_version, device=reference.device,
-        tensor_parallel_size=reference.tensor_parallel_size, serialized=serialized,
-        env_inputs=reference.env_inputs, unknown=reference.unknown, replicas=replicas,
-    )
+class IdentityReport(BaseModel):
+    """`GET /v1/fingerprint`: the identity the admitted replicas reported (`identity` says
+    whether they proved it: verified | unverified | pending), with the env-digest inputs in
+    clear (numerics-relevant variables only) and each replica's fingerprint id."""
+
+    fingerprint_id: str
+    identity: str
+    seed: int
+    model: str
+    model_hash: str | None
+    env_digest: str | None
+    engine: str | None
+    engine_version: str | None
+    device: str | None
+    tensor_parallel_size: int | None
+    serialized: bool
+    env_inputs: dict[str, Any]
+    unknown: list[str]
+    replicas: dict[str, str]
+
+
+class ServiceIdentity:
+    """The reference identity of this service (None until a replica is admitted) and the
+    capabilities it implies. Settled once per reference; `settle` with an equal one is a no-op."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.reference: ReplicaIdentity | None = None
+        self.capabilities = PENDING
+        self._metrics = metrics
+
+    @property
+    def fingerprint_id(self) -> str:
+        ref = self.reference
+        return ref.fingerprint_id(self.settings.seed) if ref is not None else PENDING_ID
+
+    def settle(self, reference: ReplicaIdentity) -> None:
+        if reference == self.reference:
+            return
+        self.reference = reference
+        self.capabilities = capabilities_of(self.settings, reference)
+        if self._metrics is not None:
+            self._metrics.info.info({
+                "seed": str(self.settings.seed), "fingerprint": self.fingerprint_id,
+                "engine": str(reference.engine), "identity": _kind(reference),
+                "version": __version__})
+
+    def report(self, pool: ReplicaPool) -> IdentityReport:
+        """The reference identity, which parts are unknown, every replica's fingerprint id."""
+        settings, ref = self.settings, self.reference
+        replicas = {r.name: r.identity.fingerprint_id(settings.seed) if r.identity
+                    else r.state.value for r in pool.replicas}
+        serialized = always_serialized(self.capabilities, settings.serialize)
+        if ref is None:
+            return IdentityReport(
+                fingerprint_id=PENDING_ID, identity=PENDING_ID, seed=settings.seed,
+                model=settings.model_name, model_hash=None, env_digest=None, engine=None,
+                engine_version=None, device=None, tensor_parallel_size=None,
+                serialized=serialized, env_inputs={}, unknown=["everything"],
+                replicas=replicas)
+        return IdentityReport(
+            fingerprint_id=self.fingerprint_id, identity=_kind(ref), seed=settings.seed,
+            model=settings.model_name, model_hash=ref.model_hash, env_digest=ref.env_digest,
+            engine=ref.engine, engine_version=ref.engine_version, device=ref.device,
+            tensor_parallel_size=ref.tensor_parallel_size, serialized=serialized,
+            env_inputs=ref.env_inputs, unknown=ref.unknown, replicas=replicas,
+        )
+
+
+def _kind(identity: ReplicaIdentity) -> str:
+    return "verified" if identity.verified else "unverified"

@@ -180,7 +180,7 @@ class Keeper:
         service back for long."""
         index = self.pool.replicas.index(replica)
         deadline = time.monotonic() + _EARLIER_FIRST_MAX_S
-        while (self.admission.reference is None and time.monotonic() < deadline
+        while (self.admission.identity.reference is None and time.monotonic() < deadline
                and any(r.state is ReplicaState.CHECKING for r in self.pool.replicas[:index])):
             await asyncio.sleep(_POLL_S)
 

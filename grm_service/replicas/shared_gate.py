@@ -19,12 +19,23 @@ Three parts:
   before its read lock, so no new reader gets in while a writer waits.
 
 Why record locks: the kernel drops every lock of a process that dies, so a crashed worker cannot
-wedge a replica, and no lock server is needed. Locks are only ever tried without blocking and
-polled with a short sleep, so a waiting request stays cancellable by the queue timeout and never
-blocks the event loop. Two rules keep POSIX semantics from biting: a process never asks for the
-hold byte in a mode other than the one it holds (the local gate sees to that: a second request
-would *convert* the process's lock), and the file is opened once per process and kept open
-(closing any descriptor of it drops all of the process's locks).
+wedge a replica, and no lock server is needed. A dead worker's counts are zeroed by the manager
+the moment it sees the death (`release_worker`), not when the worker is started again. Two rules
+keep POSIX semantics from biting: a process never asks for the hold byte in a mode other than the
+one it holds (the local gate sees to that: a second request would *convert* the process's lock),
+and the file is opened once per process and kept open (closing any descriptor of it drops all of
+the process's locks).
+
+Waiting, without polling: locks are only ever tried without blocking (a waiting request stays
+cancellable by the queue timeout and never blocks the event loop). A request that must wait
+parks on an event (wakeups.py), after counting itself in its worker's *waiters* slot of the
+replica; whoever frees something on the replica (a count, the hold or intent byte) then reads the
+waiters and wakes those workers. Both the waiter's count and the freer's read are made under the
+replica's count lock, and the waiter tries again after counting itself, so a wake-up cannot be
+lost: either the freer sees the waiter, or the waiter's next try sees what was freed. (A reader's
+momentary look at the intent byte reads the waiters without the lock: every step involved there is
+a lock call on the same file, which the kernel orders.) One task per process and replica waits for
+each kind of thing at a time, so a wake-up retries a few tasks, not every queued request.
 """
 
 from __future__ import annotations
@@ -33,47 +44,79 @@ import asyncio
 import fcntl
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from grm_service.replicas.pool import Gate
+from grm_service.replicas.wakeups import Sender, Wakeups
 
-_POLL_FIRST_S = 0.0005
-_POLL_MAX_S = 0.005
 _UNBOUNDED = 1 << 30
 # Replica slots in the count map (a sparse file: only the pages used take memory).
 MAX_REPLICAS = 4096
 _BYTES_PER_REPLICA = 3  # lock bytes: hold, intent, count
+_HOLDERS, _WAITERS = 0, 1  # the two tables of the count map, each [replica][worker]
+
+
+def _counts_path(gates: Path) -> Path:
+    return gates.with_name(gates.name + ".counts")
 
 
 class Counts:
-    """Shared holders per (replica, worker), in a memory map every worker opens: a worker writes
-    only its own slots, and zeroes them when it starts (a dead worker's counts go with it when
-    it is started again)."""
+    """Shared holders and parked waiters per (replica, worker), in a memory map every worker
+    opens: a worker writes only its own slots, and zeroes them when it starts; the manager
+    zeroes a dead worker's (`release_worker`)."""
 
     def __init__(self, path: Path, worker: int, workers: int) -> None:
         self.worker, self.workers = worker, workers
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            size = MAX_REPLICAS * workers * 8
+            size = 2 * MAX_REPLICAS * workers * 8
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self._slots = memoryview(self._map).cast("q")
-        for replica in range(MAX_REPLICAS):
-            self._slots[replica * workers + worker] = 0
+        self.zero(worker)
+
+    def _at(self, table: int, replica: int, worker: int) -> int:
+        return (table * MAX_REPLICAS + replica) * self.workers + worker
+
+    def zero(self, worker: int) -> None:
+        for table in (_HOLDERS, _WAITERS):
+            for replica in range(MAX_REPLICAS):
+                self._slots[self._at(table, replica, worker)] = 0
 
     def total(self, replica: int) -> int:
-        base = replica * self.workers
+        base = self._at(_HOLDERS, replica, 0)
         return sum(self._slots[base:base + self.workers])
 
     def add(self, replica: int, delta: int) -> None:
-        self._slots[replica * self.workers + self.worker] += delta
+        self._slots[self._at(_HOLDERS, replica, self.worker)] += delta
+
+    def park(self, replica: int, delta: int) -> None:
+        self._slots[self._at(_WAITERS, replica, self.worker)] += delta
+
+    def parked_elsewhere(self, replica: int) -> list[int]:
+        """The other workers with a task waiting on `replica`."""
+        base = self._at(_WAITERS, replica, 0)
+        return [w for w in range(self.workers) if w != self.worker and self._slots[base + w]]
 
     def close(self) -> None:
         self._slots.release()
         self._map.close()
+
+
+def release_worker(gates: Path, worker: int, workers: int) -> None:
+    """A worker died: its shared counts go now (its locks went with it, the kernel saw to that),
+    and every worker's parked tasks try again."""
+    if _counts_path(gates).exists():
+        Counts(_counts_path(gates), worker, workers).close()  # opening zeroes its slots
+    sender = Sender(gates, workers)
+    try:
+        sender.wake(range(workers))
+    finally:
+        sender.close()
 
 
 class GateFile:
@@ -84,15 +127,17 @@ class GateFile:
         self.worker = worker
         self.workers = workers
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._counts = Counts(path.with_name(path.name + ".counts"), worker, workers)
+        self._counts = Counts(_counts_path(path), worker, workers)
+        self._wakeups = Wakeups(path, worker, workers)
 
     def gate(self, index: int) -> SharedGate:
         """The gate of the replica at `index` in the replica list (the same list everywhere)."""
         if not 0 <= index < MAX_REPLICAS:
             raise ValueError(f"at most {MAX_REPLICAS} replicas share gates across workers")
-        return SharedGate(self._fd, index, self._counts)
+        return SharedGate(self._fd, index, self._counts, self._wakeups)
 
     def close(self) -> None:
+        self._wakeups.close()
         self._counts.close()
         os.close(self._fd)
 
@@ -101,7 +146,7 @@ class SharedGate(Gate):
     """`Gate`'s interface (a subclass, so a `Replica` takes it as its gate), built around a local
     `Gate` rather than on its state; `inflight` counts this worker's holders only."""
 
-    def __init__(self, fd: int, index: int, counts: Counts) -> None:
+    def __init__(self, fd: int, index: int, counts: Counts, wakeups: Wakeups) -> None:
         super().__init__()
         self._local = Gate()
         self._fd = fd
@@ -110,8 +155,11 @@ class SharedGate(Gate):
         self._intent = self._hold + 1
         self._count_lock = self._hold + 2
         self._counts = counts
+        self._wakeups = wakeups
         self._readers = 0  # this process's shared holders that hold the read lock
-        self._polling = asyncio.Lock()  # one task per process polls for the read lock
+        self._parked = 0  # this process's tasks waiting on this replica
+        self._locking = asyncio.Lock()  # one task per process waits for the read lock
+        self._counting = asyncio.Lock()  # and one for a shared slot
 
     @property
     def inflight(self) -> int:
@@ -126,6 +174,7 @@ class SharedGate(Gate):
             return False
         if not self._local.try_acquire(False, capacity):
             self._counts.add(self._index, -1)
+            self._changed()
             return False
         self._readers += 1
         return True
@@ -136,14 +185,16 @@ class SharedGate(Gate):
             if exclusive:
                 await self._lock_exclusive()
             else:
-                await self._lock_shared()
+                async with self._locking:
+                    await self._until(self._try_shared)
         except BaseException:  # the queue timeout cancelled the wait: give the local slot back
             await self._local.release(exclusive)
             raise
         if exclusive:
             return
         try:
-            await self._count_in(capacity)
+            async with self._counting:
+                await self._until(lambda: self._take_count(capacity))
         except BaseException:
             await self.release(False, counted=False)
             raise
@@ -155,21 +206,53 @@ class SharedGate(Gate):
             self._readers -= 1
         if exclusive or not self._readers:
             self._unlock(self._hold)
+        self._changed()
         await self._local.release(exclusive)
 
-    async def _count_in(self, capacity: int) -> None:
-        delay = _POLL_FIRST_S
-        while not self._take_count(capacity):
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, _POLL_MAX_S)
+    async def _until(self, attempt: Callable[[], bool]) -> None:
+        """Until `attempt()` succeeds, woken by every change to the replica (module doc)."""
+        if attempt():
+            return
+        self._park(1)
+        try:
+            while True:
+                woken = self._wakeups.event()
+                if attempt():
+                    return
+                await woken.wait()
+        finally:
+            self._park(-1)
+
+    def _park(self, delta: int) -> None:
+        self._parked += delta
+        self._lock_counts()
+        try:
+            self._counts.park(self._index, delta)
+        finally:
+            self._unlock(self._count_lock)
+
+    def _changed(self) -> None:
+        """Something on this replica was freed: wake whoever waits for it, anywhere."""
+        self._lock_counts()
+        try:
+            elsewhere = self._counts.parked_elsewhere(self._index)
+        finally:
+            self._unlock(self._count_lock)
+        if elsewhere:
+            self._wakeups.wake(elsewhere)
+        if self._parked:
+            self._wakeups.wake_here()
+
+    def _lock_counts(self) -> None:
+        # Held for a few instructions by whoever has it: blocking is shorter than polling.
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
 
     def _take_count(self, capacity: int) -> bool:
         """One of the replica's `capacity` shared slots, counted over every worker."""
         if capacity >= _UNBOUNDED:
             self._counts.add(self._index, 1)
             return True
-        # Held for a few instructions by whoever has it: blocking is shorter than polling.
-        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
+        self._lock_counts()
         try:
             if self._counts.total(self._index) >= capacity:
                 return False
@@ -177,13 +260,6 @@ class SharedGate(Gate):
             return True
         finally:
             self._unlock(self._count_lock)
-
-    async def _lock_shared(self) -> None:
-        async with self._polling:
-            delay = _POLL_FIRST_S
-            while not self._try_shared():
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, _POLL_MAX_S)
 
     def _try_shared(self) -> bool:
         if self._readers:
@@ -196,30 +272,32 @@ class SharedGate(Gate):
         try:
             held = self._lock(self._hold, exclusive=False)
         finally:
-            self._unlock(self._intent)
+            self._unlock_intent_glance()
         if held:
             self._readers = 1
         return held
 
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
-        delay = _POLL_FIRST_S
-        while not self._lock(self._intent, exclusive=True):
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, _POLL_MAX_S)
+        await self._until(lambda: self._lock(self._intent, exclusive=True))
         try:
-            delay = _POLL_FIRST_S
-            while not self._lock(self._hold, exclusive=True):
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, _POLL_MAX_S)
+            await self._until(lambda: self._lock(self._hold, exclusive=True))
         finally:
             self._unlock(self._intent)
+            self._changed()
 
     def _writer_waiting(self) -> bool:
         if not self._lock(self._intent, exclusive=False):
             return True
-        self._unlock(self._intent)
+        self._unlock_intent_glance()
         return False
+
+    def _unlock_intent_glance(self) -> None:
+        """End a reader's momentary shared hold of the intent byte: a writer whose try met it
+        waits for the byte (see the module doc for why no lock is needed to read the waiters)."""
+        self._unlock(self._intent)
+        if elsewhere := self._counts.parked_elsewhere(self._index):
+            self._wakeups.wake(elsewhere)
 
     def _lock(self, byte: int, exclusive: bool) -> bool:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH

@@ -1,11 +1,13 @@
-"""The replica set as the keeper's worker sees it, published to the other workers (`--workers N`).
+"""The replica set as the keeper sees it, published to the serving workers (`--workers N`).
 
-One worker process runs the keeper. Every few tens of milliseconds it compares what routing and
+One process runs the keeper (grm_service/workers/keeper_process.py). Every few tens of
+milliseconds it compares what routing and
 the service identity read — each replica's name, address, state, restarts, pid, detail,
 serialized and pooling-batched flags and admitted identity, and the reference identity — with
 what it last published, and on a change writes it to a small JSON file (write, then rename: a
-reader never sees half a snapshot) under a version that grows with each change. The other
-workers (followers) look at the file as often and apply each new version to their own pool, so
+reader never sees half a snapshot) under a version that grows with each change. The serving
+workers (followers) look at the file as often and apply each new version to their own pool and
+settle their own `ServiceIdentity` from it, so
 every worker routes over the same ready set, picks the same replica for the same request, and
 answers /ready and /v1/fingerprint from the same facts.
 
@@ -20,11 +22,12 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grm_service.engine_side.identity import ReplicaIdentity
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.keeper import Keeper
 from grm_service.replicas.pool import Gate, Replica, ReplicaPool, ReplicaState
 
@@ -62,7 +65,7 @@ def read(path: Path) -> Snapshot | None:
 
 
 def mark_down(path: Path, why: str) -> None:
-    """The keeper's worker died: until its successor publishes, nothing is ready."""
+    """The keeper's process died: until its successor publishes, nothing is ready."""
     snapshot = read(path)
     if snapshot is None:
         return
@@ -93,21 +96,16 @@ def reference_of(snapshot: Snapshot) -> ReplicaIdentity | None:
 
 
 class Published:
-    """The keeper, in the worker that runs it: its replica set written out on every change.
+    """The keeper, in the process that runs it: its replica set written out on every change.
+    (The manager stops it only once the serving workers have drained and exited, so their
+    in-flight requests finish on running replicas.)"""
 
-    `followers_gone` resolves once the other workers have drained and exited: only then are the
-    replicas stopped, so a follower's in-flight requests finish on a running replica. (Not
-    awaited when no replica was ever published ready, e.g. a failed start: nothing to finish.)"""
-
-    def __init__(self, keeper: Keeper, path: Path,
-                 followers_gone: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, keeper: Keeper, path: Path) -> None:
         self.keeper = keeper
         self.pool = keeper.pool
         self.path = path
-        self._followers_gone = followers_gone
         self._last: Snapshot | None = None
         self._version = 0
-        self._served = False
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -123,16 +121,13 @@ class Published:
             await asyncio.sleep(INTERVAL_S)
 
     def publish(self) -> None:
-        snapshot = snapshot_of(self.pool, self.keeper.admission.reference)
+        snapshot = snapshot_of(self.pool, self.keeper.admission.identity.reference)
         if snapshot == self._last:
             return
         self._last, self._version = snapshot, self._version + 1
-        self._served = self._served or bool(self.pool.ready())
         write(self.path, {"version": self._version, "keeper_pid": os.getpid(), **snapshot})
 
     async def stop(self) -> None:
-        if self._served:
-            await self._followers_gone()
         await self.keeper.stop()
         if self._task is not None:
             self._task.cancel()
@@ -142,20 +137,18 @@ class Published:
 
 
 class Follower:
-    """The replica set of a worker that does not run the keeper: the keeper's, as published."""
+    """The replica set of a serving worker: the keeper's, as published; the reference identity
+    it shows settles this process's `identity`."""
 
-    def __init__(self, path: Path, gate_for: Callable[[int], Gate]) -> None:
+    def __init__(self, path: Path, gate_for: Callable[[int], Gate],
+                 identity: ServiceIdentity) -> None:
         self.pool = ReplicaPool()
         self.path = path
+        self.identity = identity
         self._gate_for = gate_for
         self._seen = b""
         self.version = 0
-        self.reference: ReplicaIdentity | None = None
-        self._on_reference: list[Callable[[ReplicaIdentity], None]] = []
         self._task: asyncio.Task[None] | None = None
-
-    def on_reference(self, callback: Callable[[ReplicaIdentity], None]) -> None:
-        self._on_reference.append(callback)
 
     async def start(self) -> None:
         """Follow the snapshots; return once one shows a ready replica."""
@@ -184,10 +177,8 @@ class Follower:
         apply(self.pool, snapshot, self._gate_for)
         self.version = int(snapshot.get("version", 0))
         reference = reference_of(snapshot)
-        if reference is not None and reference != self.reference:
-            self.reference = reference
-            for callback in self._on_reference:
-                callback(reference)
+        if reference is not None:
+            self.identity.settle(reference)
 
     async def stop(self) -> None:
         if self._task is not None:

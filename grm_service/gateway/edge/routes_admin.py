@@ -8,10 +8,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from grm_service.fingerprint import Identity
 from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.edge.guards import AUTHORIZED
 from grm_service.gateway.request.proxy import Gateway
+from grm_service.replicas.identity import IdentityReport
 
 router = APIRouter()
 GatewayDep = Annotated[Gateway, Depends(gateway)]
@@ -45,8 +45,8 @@ async def metrics(gw: GatewayDep) -> Response:
 
 
 @router.get("/v1/fingerprint")
-async def fingerprint(gw: GatewayDep) -> Identity:
-    return gw.identity
+async def fingerprint(gw: GatewayDep) -> IdentityReport:
+    return gw.identity.report(gw.pool)
 
 
 @router.get("/v1/audit")
@@ -59,7 +59,7 @@ async def audit(gw: GatewayDep) -> dict[str, Any]:
 
 @router.get("/v1/capabilities")
 async def capabilities(gw: GatewayDep) -> dict[str, Any]:
-    caps = gw.capabilities
+    caps = gw.identity.capabilities
     return {"batch_invariant": caps.batch_invariant,
             "sampling_invariant": caps.sampling_invariant, "note": caps.note,
             "serialize": gw.settings.serialize, "routing": gw.settings.routing}

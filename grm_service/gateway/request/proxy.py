@@ -14,7 +14,6 @@ from prometheus_client import Counter, Gauge
 
 from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode, SerializeMode, Settings
-from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities
 from grm_service.errors import (
     BackendFailed,
@@ -26,7 +25,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, Identity, system_fingerprint
+from grm_service.fingerprint import Fingerprint, system_fingerprint
 from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.gateway.request.audit import Auditor
@@ -34,7 +33,7 @@ from grm_service.gateway.request.upstream import Upstream
 from grm_service.ledger.book import Ledger
 from grm_service.ledger.records import Origin
 from grm_service.metrics import Metrics
-from grm_service.replicas.identity import PENDING, capabilities_of, describe
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -63,17 +62,16 @@ class _Retryable(Exception):
 
 @dataclass
 class Gateway:
-    """Everything a request needs, built once by the app's lifespan. `reference` and
-    `capabilities` follow the first admitted replica's own identity (`settle`)."""
+    """Everything a request needs, built once by the app's lifespan. `identity` is the
+    process's one holder of the service's reference identity (replicas/identity.py)."""
 
     settings: Settings
     pool: ReplicaPool
     client: Upstream
     metrics: Metrics
+    identity: ServiceIdentity
     auditor: Auditor | None = None
     ledger: Ledger | None = None
-    capabilities: Capabilities = PENDING
-    reference: ReplicaIdentity | None = None
     draining: bool = False
     queued: int = 0
     limits: checkpoint.Limits = field(init=False)
@@ -89,14 +87,6 @@ class Gateway:
     @property
     def inflight(self) -> int:
         return self.queued + sum(r.gate.inflight for r in self.pool.replicas)
-
-    @property
-    def identity(self) -> Identity:
-        return describe(self.settings, self.reference, self.capabilities, self.pool)
-
-    def settle(self, reference: ReplicaIdentity) -> None:
-        self.reference = reference
-        self.capabilities = capabilities_of(self.settings, reference)
 
     def count_tokens(self, payload: dict[str, Any]) -> None:
         """grm_tokens_total from the engine's `usage` (absent on some routes: nothing then)."""
@@ -303,7 +293,7 @@ def _system_of(gw: Gateway, fields: dict[str, Any]) -> str:
     """The seed-free `system_fingerprint` of the identity that computed a recorded answer: the
     service's own where the fingerprint ids agree (the ledger keys answers by it), else what a
     verified answer's fields prove."""
-    ref = gw.reference
+    ref = gw.identity.reference
     if ref is not None and ref.fingerprint_id(fields["seed"]) == fields["fingerprint_id"]:
         return ref.system_fingerprint()
     if fields.get("model_hash") and fields.get("env_digest"):
@@ -313,10 +303,11 @@ def _system_of(gw: Gateway, fields: dict[str, Any]) -> str:
 
 def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
     """The fingerprint id the service's replicas would stamp on this body's answer."""
-    if gw.reference is None:
+    reference = gw.identity.reference
+    if reference is None:
         return None
     seed = body.get("seed")
-    return gw.reference.fingerprint_id(gw.settings.seed if seed is None else seed)
+    return reference.fingerprint_id(gw.settings.seed if seed is None else seed)
 
 
 async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
@@ -324,7 +315,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     order = route(gw, router.key_of_parts(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
-    caps, mode = gw.capabilities, gw.settings.serialize
+    caps, mode = gw.identity.capabilities, gw.settings.serialize
     pooling = path in POOLING_PATHS
     alone = not pooling and must_run_alone(body, caps, mode)
     errors = []
@@ -352,7 +343,7 @@ def _audit(gw: Gateway, auditor: Auditor, path: str, body: dict[str, Any],
     """Re-run on another replica of the same identity; `replica` None: a ledger hit, re-run on
     any replica of the service's identity (a cache that went wrong is caught the same way)."""
     # Only replicas claiming the same identity can be held to the same bits.
-    ident = replica.identity if replica is not None else gw.reference
+    ident = replica.identity if replica is not None else gw.identity.reference
     others = [r.name for r in gw.pool.ready()
               if (replica is None or r.name != replica.name) and r.identity == ident]
     other = auditor.choose(others)

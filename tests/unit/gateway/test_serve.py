@@ -16,6 +16,7 @@ from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.serve import DrainingServer
 from grm_service.gateway.service import Service
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
 
 SETTINGS = Settings(model="m")
@@ -26,7 +27,7 @@ def gateway_app() -> tuple[HotPath, Gateway]:
     app = FastAPI()
     service = Service(SETTINGS)
     gw = Gateway(settings=SETTINGS, pool=ReplicaPool([]), client=Upstream(1.0),
-                 metrics=service.metrics)
+                 metrics=service.metrics, identity=ServiceIdentity(SETTINGS))
     service.start(gw)
 
     @app.get("/health")

@@ -10,12 +10,13 @@ import pytest
 from grm_service.config import SerializeMode, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities
+from grm_service.metrics import Metrics
 from grm_service.replicas.identity import (
     PENDING,
     UNVERIFIED,
+    ServiceIdentity,
     always_serialized,
     capabilities_of,
-    describe,
 )
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 from tests.unit.replicas.test_keeper import identity
@@ -52,7 +53,9 @@ def test_always_serialized(invariant: bool, mode: SerializeMode, serialized: boo
 
 def test_before_any_replica_is_admitted_everything_is_unknown() -> None:
     pool = ReplicaPool([Replica("r0", "u"), Replica("r1", "u", state=ReplicaState.DOWN)])
-    shown = describe(SETTINGS, None, PENDING, pool)
+    held = ServiceIdentity(SETTINGS)
+    assert held.capabilities is PENDING and held.fingerprint_id == "pending"
+    shown = held.report(pool)
     assert (shown.fingerprint_id, shown.identity, shown.unknown) == ("pending", "pending",
                                                                       ["everything"])
     assert shown.replicas == {"r0": "starting", "r1": "down"}
@@ -64,7 +67,9 @@ def test_the_reference_identity_is_shown_with_each_replicas_fingerprint() -> Non
     other = reported(env_digest="e2")
     pool = ReplicaPool([Replica("r0", "u", identity=ref), Replica("r1", "u", identity=other),
                         Replica("r2", "u")])
-    shown = describe(SETTINGS, ref, capabilities_of(SETTINGS, ref), pool)
+    held = ServiceIdentity(SETTINGS)
+    held.settle(ref)
+    shown = held.report(pool)
     assert shown.fingerprint_id == ref.fingerprint_id(5) != other.fingerprint_id(5)
     assert shown.replicas == {"r0": ref.fingerprint_id(5), "r1": other.fingerprint_id(5),
                               "r2": "starting"}
@@ -77,6 +82,24 @@ def test_the_reference_identity_is_shown_with_each_replicas_fingerprint() -> Non
 def test_a_tensor_parallel_replica_shows_its_size_in_the_fingerprint() -> None:
     ref = reported(tensor_parallel_size=2, env_digest="e-tp2")
     pool = ReplicaPool([Replica("r0", "u", identity=ref)])
-    shown = describe(SETTINGS, ref, capabilities_of(SETTINGS, ref), pool)
+    held = ServiceIdentity(SETTINGS)
+    held.settle(ref)
+    shown = held.report(pool)
     assert shown.tensor_parallel_size == 2
     assert shown.fingerprint_id != reported().fingerprint_id(5)
+
+
+def test_settling_sets_the_capabilities_and_the_info_metric_once_per_reference() -> None:
+    metrics = Metrics()
+    held = ServiceIdentity(SETTINGS, metrics)
+    ref = reported()
+    held.settle(ref)
+    assert held.reference is ref and held.capabilities == capabilities_of(SETTINGS, ref)
+    assert held.fingerprint_id == ref.fingerprint_id(5)
+    text = metrics.render().decode()
+    assert f'fingerprint="{ref.fingerprint_id(5)}"' in text and 'identity="verified"' in text
+    held.settle(reported())  # an equal identity from another snapshot: nothing changes
+    assert held.reference is ref
+    moved = reported(engine="vllm-cpu")
+    held.settle(moved)
+    assert held.reference is moved and held.capabilities.batch_invariant is False

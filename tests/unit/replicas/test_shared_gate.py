@@ -108,12 +108,16 @@ def test_a_dead_holder_frees_the_replica(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    gate = GateFile(Path(lock), 1, 2).gate(0)
-    assert not asyncio.run(_acquire_within(gate, False, 0.3)), "held by the other process"
-    assert holder.pid is not None
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.join(10)
-    assert asyncio.run(_acquire_within(gate, False, 5))
+    gates = GateFile(Path(lock), 1, 2)
+    try:
+        gate = gates.gate(0)
+        assert not asyncio.run(_acquire_within(gate, False, 0.3)), "held by the other process"
+        assert holder.pid is not None
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        assert asyncio.run(_acquire_within(gate, False, 5))
+    finally:
+        gates.close()
 
 
 def _stream_shared(path: str, stop: str, running: str) -> None:
@@ -145,8 +149,11 @@ def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Pat
         while not running.exists() and time.monotonic() < deadline:  # the stream is running
             time.sleep(0.05)
         assert running.exists(), "the shared stream never started"
-        gate = GateFile(Path(lock), 0, 2).gate(0)
-        assert asyncio.run(_acquire_within(gate, True, 5))
+        gates = GateFile(Path(lock), 0, 2)
+        try:
+            assert asyncio.run(_acquire_within(gates.gate(0), True, 5))
+        finally:
+            gates.close()
     finally:
         stop.touch()
         stream.join(10)

@@ -6,29 +6,25 @@ import asyncio
 from pathlib import Path
 
 from grm_service.gateway.request import router
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Gate, ReplicaState
 from grm_service.replicas.snapshot import Follower, Published, mark_down, snapshot_of
 from tests.unit.replicas.test_keeper import PLAIN, identity, keeper_for
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
     path = tmp_path / "replicas.json"
     keeper = keeper_for({"a": identity(), "b": identity(), "c": identity(dtype="float32"),
                          "d": PLAIN}, canary=False)
-    published = Published(keeper, path, _nothing)
+    published = Published(keeper, path)
     gates: list[Gate] = []
 
     def gate_for(index: int) -> Gate:
         gates.append(Gate())
         return gates[-1]
 
-    follower = Follower(path, gate_for)
-    settled: list[str] = []
-    follower.on_reference(lambda ref: settled.append(ref.served_model))
+    held = ServiceIdentity(keeper.settings)
+    follower = Follower(path, gate_for, held)
     await published.start()
     try:
         want = [ReplicaState.READY, ReplicaState.READY, ReplicaState.REJECTED,
@@ -39,11 +35,13 @@ async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
         keeper.pool.replicas[1].serialized = True
         published.publish()
         follower.refresh()
-        keeper_view = snapshot_of(keeper.pool, keeper.admission.reference)
-        assert snapshot_of(follower.pool, follower.reference) == keeper_view
+        keeper_view = snapshot_of(keeper.pool, keeper.admission.identity.reference)
+        assert snapshot_of(follower.pool, held.reference) == keeper_view
         assert [r.state for r in follower.pool.replicas] == [
             ReplicaState.READY, ReplicaState.READY, ReplicaState.REJECTED, ReplicaState.REJECTED]
-        assert follower.pool.replicas[1].serialized and settled == ["rm"]
+        assert follower.pool.replicas[1].serialized
+        settled = held.reference
+        assert settled is not None and settled == keeper.admission.identity.reference
         for key in range(200):  # the same request goes to the same replica in every worker
             ready_k = [r.name for r in keeper.pool.ready()]
             ready_f = [r.name for r in follower.pool.ready()]
@@ -56,7 +54,7 @@ async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
         assert {r.detail for r in follower.pool.replicas} == {"the keeper's worker is restarting"}
         # A replica keeps its gate (and its holders) from one version to the next.
         assert [r.gate for r in follower.pool.replicas] == gates and len(gates) == 4
-        assert settled == ["rm"]  # the reference did not change: not settled again
+        assert held.reference is settled  # the reference did not change: not settled again
     finally:
         await published.stop()
     follower.refresh()

@@ -1,5 +1,6 @@
-"""One gateway worker process, launched as `workers.Manager` launches it: a listening socket
-handed over by fd, the settings as JSON on stdin, this process as its parent."""
+"""One gateway worker process (and the keeper's process it follows), launched as
+`workers.Manager` launches them: a listening socket handed over by fd, the settings as JSON on
+stdin, this process as their parent."""
 
 from __future__ import annotations
 
@@ -20,15 +21,19 @@ from grm_service.workers.manager import FATAL_EXIT
 from tests.support.procs import Proc
 
 
-def launch(settings: Settings, run_dir: Path, sock: socket.socket, parent: int,
+def launch(settings: Settings, run_dir: Path, sock: socket.socket | None, parent: int,
            log: Path) -> subprocess.Popen[bytes]:
+    """Worker 0 on `sock`; without one, the keeper's process."""
     run_dir.mkdir(exist_ok=True)  # the manager's, shared by its workers
-    argv = [sys.executable, "-m", "grm_service.workers.worker", "--index", "0", "--run-dir",
-            str(run_dir), "--listen-fd", str(sock.fileno()), "--parent", str(parent),
-            "--log-level", "info"]
+    common = ["--run-dir", str(run_dir), "--parent", str(parent), "--log-level", "info"]
+    argv = [sys.executable, "-m", "grm_service.workers.keeper_process", *common]
+    if sock is not None:
+        argv = [sys.executable, "-m", "grm_service.workers.worker", "--index", "0",
+                "--listen-fd", str(sock.fileno()), *common]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                pass_fds=(sock.fileno(),), start_new_session=True)
+                                pass_fds=(sock.fileno(),) if sock else (),
+                                start_new_session=True)
     assert proc.stdin is not None
     proc.stdin.write(settings.model_dump_json().encode())
     proc.stdin.close()
@@ -56,7 +61,8 @@ def test_a_worker_serves_on_the_socket_it_was_given(
     stub: Proc, tmp_path: Path, listening: socket.socket
 ) -> None:
     settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
-    log = tmp_path / "worker.log"
+    log, keeper_log = tmp_path / "worker.log", tmp_path / "keeper.log"
+    keeper = launch(settings, tmp_path / "run", None, os.getpid(), keeper_log)
     proc = launch(settings, tmp_path / "run", listening, os.getpid(), log)
     url = f"http://127.0.0.1:{listening.getsockname()[1]}"
     try:
@@ -71,12 +77,14 @@ def test_a_worker_serves_on_the_socket_it_was_given(
             time.sleep(0.1)
         assert ready is not None and ready.status_code == 200, log.read_text()
         assert [r["url"] for r in ready.json()["replicas"]] == [stub.url]
-        assert (tmp_path / "run" / "replicas.json").exists(), "the keeper worker publishes"
+        assert (tmp_path / "run" / "replicas.json").exists(), "the keeper publishes"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    assert ended(proc) == 0
+        for each in (proc, keeper):
+            if each.poll() is None:
+                os.killpg(each.pid, signal.SIGTERM)
+    assert ended(proc) == 0 and ended(keeper) == 0
     assert "worker 0 of 1 serving" in log.read_text()
+    assert "stopping the replicas" in keeper_log.read_text()
 
 
 def test_a_worker_whose_parent_is_already_gone_exits(tmp_path: Path,

@@ -27,6 +27,7 @@ from grm_service.gateway.edge.protocol_check import missing, protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.service import Service
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
 
 LIMIT = 65600  # the smallest body limit the settings allow, and a little
@@ -76,7 +77,7 @@ class Canned(HotPath):
     def __init__(self, app: Any, settings: Settings) -> None:
         service = Service(settings)
         service.start(Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
-                              metrics=service.metrics))
+                              metrics=service.metrics, identity=ServiceIdentity(settings)))
         super().__init__(app, service)
         self.reply: Reply | Exception | None = OK
         self.served: list[tuple[str, bytes]] = []

@@ -11,6 +11,7 @@ from grm_service.gateway.request import proxy
 from grm_service.gateway.request.proxy import must_run_alone, prepare
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 SETTINGS = Settings(model="/models/m", served_model_name="rm", seed=7, max_tokens_default=99)
@@ -74,8 +75,8 @@ def test_route_skips_open_breakers_unless_all_are_open() -> None:
     from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
     pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
-    gw = Gateway(settings=SETTINGS, capabilities=BI, pool=pool, client=Upstream(1.0),
-                 metrics=Metrics())
+    gw = Gateway(settings=SETTINGS, pool=pool, client=Upstream(1.0), metrics=Metrics(),
+                 identity=ServiceIdentity(SETTINGS))
     pool.replicas[0].open_until = time.monotonic() + 60
     assert [r.name for r in route(gw, 123)] == ["r1"]
     assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
@@ -87,8 +88,9 @@ def test_route_skips_open_breakers_unless_all_are_open() -> None:
 # of being sent.
 async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> None:
     replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
-    gw = proxy.Gateway(settings=Settings(model="/models/m", queue_timeout_s=5),
-                       pool=ReplicaPool([replica]), client=Upstream(5.0), metrics=Metrics())
+    settings = Settings(model="/models/m", queue_timeout_s=5)
+    gw = proxy.Gateway(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
+                       metrics=Metrics(), identity=ServiceIdentity(settings))
     await proxy._admit(gw, replica, alone=True)  # the request in flight holds the slot
     waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
     await asyncio.sleep(0.05)

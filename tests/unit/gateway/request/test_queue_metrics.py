@@ -12,13 +12,15 @@ from grm_service.errors import Overloaded
 from grm_service.gateway.request import proxy
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
+from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 
 def gateway(**over: float) -> tuple[proxy.Gateway, Replica]:
     replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
-    gw = proxy.Gateway(settings=Settings(model="/models/m", **over), pool=ReplicaPool([replica]),
-                       client=Upstream(5.0), metrics=Metrics())
+    settings = Settings(model="/models/m", **over)
+    gw = proxy.Gateway(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
+                       metrics=Metrics(), identity=ServiceIdentity(settings))
     return gw, replica
 
 
