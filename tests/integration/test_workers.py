@@ -1,12 +1,16 @@
 """`serve --workers 2` on real HTTP, in front of STUB replicas (the gateway itself is under test):
-two processes on one port, one replica set, limits and metrics across both, drain, restart."""
+two serving processes on one port and the keeper's process, one replica set, limits and metrics
+across both, drain, restart of a dead or hung worker that leaves the replicas as they are."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,12 +47,12 @@ def stubs(tmp_path: Path) -> Iterator[list[Proc]]:
         stub.stop()
 
 
-def _gateway(tmp_path: Path, stubs: list[Proc]) -> Proc:
+def _gateway(tmp_path: Path, stubs: list[Proc], *args: str, **env: str) -> Proc:
     urls = [a for s in stubs for a in ("--backend-url", s.url)]
     # Every request must run alone on its replica, from whichever worker it comes.
     # TMPDIR: the run dir a SIGKILLed manager leaves behind stays in the test's folder.
     gw = start_gateway(tmp_path, *urls, "--served-model-name", "rm", "--workers", "2",
-                       "--serialize", "on", env={"TMPDIR": str(tmp_path)})
+                       *(args or ("--serialize", "on")), env={"TMPDIR": str(tmp_path), **env})
     wait_ready(gw, DEADLINE_S)
     return gw
 
@@ -99,6 +103,12 @@ def _workers(gw: Proc) -> dict[int, int]:
     return {int(index): int(pid) for index, pid in _STARTED.findall(gw.log.read_text())}
 
 
+def _both_workers(gw: Proc) -> dict[int, int]:
+    """`_workers` once both have published their pid."""
+    wait_until(lambda: len(_workers(gw)) == 2, "both workers in /metrics")
+    return _workers(gw)
+
+
 def test_two_workers_one_replica_set(tmp_path: Path, stubs: list[Proc]) -> None:
     gw = _gateway(tmp_path, stubs)
     try:
@@ -127,20 +137,43 @@ def test_two_workers_one_replica_set(tmp_path: Path, stubs: list[Proc]) -> None:
         assert len(views) == 1
 
         workers = _workers(gw)
-        assert sorted(workers.values()) == sorted(descendants(gw.popen.pid))
-        os.kill(workers[1], signal.SIGKILL)
-        wait_until(lambda: _restarted(gw, workers[1]), "worker 1 restarted")
-        assert f"worker 1 (pid {workers[1]}) exited (-9)" in gw.log.read_text()
-        again = asyncio.run(_chats(gw.url, list(range(8))))
-        assert [r.headers["x-grm-replica"] for r in again] == [
-            next(iter(owners[i])) for i in range(8)]
+        keeper = _keeper(gw, workers)
+        for index in (0, 1):  # worker 0 as any other: it keeps no replica
+            workers = _kill_and_replace(gw, workers, index)
+            again = asyncio.run(_chats(gw.url, list(range(8))))
+            assert [r.headers["x-grm-replica"] for r in again] == [
+                next(iter(owners[i])) for i in range(8)]
+        assert _keeper(gw, workers) == keeper, "the keeper's process lived through it all"
+        log = gw.log.read_text()
+        assert log.count("service identity from") == 1, "admitted once, never again"
+        assert all(r["restarts"] == 0 for r in httpx.get(gw.url + "/ready").json()["replicas"])
+        assert views == {httpx.get(gw.url + "/v1/fingerprint").text}
     finally:
         gw.stop()
 
 
+def _keeper(gw: Proc, workers: dict[int, int]) -> int:
+    (keeper,) = set(descendants(gw.popen.pid)) - set(workers.values())
+    return keeper
+
+
+def _kill_and_replace(gw: Proc, workers: dict[int, int], index: int) -> dict[int, int]:
+    """SIGKILL worker `index`; every request sent meanwhile is answered by the other one (the
+    replicas stay ready); back to two workers, the new one serving; the new worker pids."""
+    dead = workers[index]
+    os.kill(dead, signal.SIGKILL)
+    during = asyncio.run(_chats(gw.url, list(range(16))))
+    assert [r.status_code for r in during] == [200] * 16, [r.text for r in during]
+    wait_until(lambda: _restarted(gw, dead), f"worker {index} restarted")
+    assert f"worker {index} (pid {dead}) exited (-9)" in gw.log.read_text()
+    wait_until(lambda: dead not in _workers(gw).values() and len(_workers(gw)) == 2,
+               f"worker {index}'s successor counted")
+    return _workers(gw)
+
+
 def _restarted(gw: Proc, dead: int) -> bool:
     alive = descendants(gw.popen.pid)
-    return len(alive) == 2 and dead not in alive and _ready(gw)
+    return len(alive) == 3 and dead not in alive and _ready(gw)
 
 
 def _ready(gw: Proc) -> bool:
@@ -155,7 +188,7 @@ def test_sigterm_drains_every_worker_and_leaves_nothing(
 ) -> None:
     gw = _gateway(tmp_path, stubs)
     workers = descendants(gw.popen.pid)
-    assert len(workers) == 2
+    assert len(workers) == 3, "two workers and the keeper"
 
     for stub in stubs:  # each replica keeps its request until released: the rest queue
         httpx.post(stub.url + "/stub/hold").raise_for_status()
@@ -187,16 +220,121 @@ def test_sigterm_drains_every_worker_and_leaves_nothing(
     assert pids_alive(workers) == []
     log = gw.log.read_text()
     assert log.count("draining: new requests get 503") == 2
+    assert log.count("stopping the replicas") == 1  # the keeper's process, last
     assert not list(tmp_path.glob("grm-workers-*"))  # the run dir is removed
 
 
 def test_workers_end_with_a_killed_manager(tmp_path: Path, stubs: list[Proc]) -> None:
     gw = _gateway(tmp_path, stubs)
     workers = descendants(gw.popen.pid)
-    assert len(workers) == 2
+    assert len(workers) == 3, "two workers and the keeper"
     os.kill(gw.popen.pid, signal.SIGKILL)  # no chance to stop them: the parent-death signal
     gw.popen.wait(DEADLINE_S)
     wait_until(lambda: pids_alive(workers) == [], f"workers {workers} ended")
     # Only the manager removes the run dir (a SIGKILL leaves it in TMPDIR): proof that the
     # check of its removal after SIGTERM looks in the right place.
     assert len(list(tmp_path.glob("grm-workers-*"))) == 1
+
+
+def test_a_hung_worker_is_replaced(tmp_path: Path, stubs: list[Proc]) -> None:
+    """SIGSTOP: the process lives but its loop answers nothing; the manager's ping finds out."""
+    gw = _gateway(tmp_path, stubs, GRM_WORKER_PING_INTERVAL_S="0.2",
+                  GRM_WORKER_PING_TIMEOUT_S="1")
+    try:
+        workers = _both_workers(gw)
+        keeper = _keeper(gw, workers)
+        hung = workers[1]
+        os.kill(hung, signal.SIGSTOP)
+        stopped = time.monotonic()
+        # Well within: 1 s unanswered, a ping every 0.2 s, the manager's 0.1 s tick.
+        wait_until(lambda: "has not answered a ping" in gw.log.read_text(), "the hung worker "
+                   "killed", timeout=20)
+        assert time.monotonic() - stopped >= 1.0, "killed before its ping timed out"
+        wait_until(lambda: pids_alive([hung]) == [], "the hung worker gone")
+        wait_until(lambda: _restarted(gw, hung), "worker 1 replaced")
+        wait_until(lambda: hung not in _workers(gw).values() and len(_workers(gw)) == 2,
+                   "worker 1's successor counted")
+        answers = asyncio.run(_chats(gw.url, list(range(8))))
+        assert {r.status_code for r in answers} == {200}
+        assert _keeper(gw, _workers(gw)) == keeper
+        # The busy worker that was never stopped was never taken for a hung one.
+        assert gw.log.read_text().count("has not answered a ping") == 1
+    finally:
+        gw.stop()
+
+
+def _owner(conn: socket.socket, pids: list[int]) -> int | None:
+    """The pid among `pids` that accepted this client connection (read from /proc)."""
+    port = conn.getsockname()[1]
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == port:  # its peer is our end
+            inode = fields[9]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return pid
+    return None
+
+
+def _accepted_by(conn: socket.socket, pids: list[int]) -> int:
+    deadline = time.monotonic() + DEADLINE_S
+    while (owner := _owner(conn, pids)) is None:
+        assert time.monotonic() < deadline, "the connection was never accepted"
+        time.sleep(0.01)
+    return owner
+
+
+def _connection_to(gw: Proc, pid: int, others: list[int]) -> socket.socket:
+    """A client connection that worker `pid` accepted (the kernel picks: try until it does)."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    for _ in range(200):
+        conn = socket.create_connection(("127.0.0.1", port))
+        if _accepted_by(conn, [pid, *others]) == pid:
+            return conn
+        conn.close()
+    raise AssertionError(f"no connection reached pid {pid}")
+
+
+def _send_chat(conn: socket.socket, seed: int) -> None:
+    body = json.dumps({"messages": MSGS, "seed": seed}).encode()
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def _seeds(stub: Proc) -> list[int]:
+    return [r["body"]["seed"] for r in httpx.get(stub.url + "/stub/received").json()]
+
+
+def test_a_dead_workers_shared_counts_are_released_at_once(tmp_path: Path) -> None:
+    """One slot on the replica (GRM_MAX_INFLIGHT_PER_REPLICA=1), taken by a request in worker
+    A; worker B's request waits for it. A is SIGKILLed: B's request goes through before A's
+    successor has even started serving (before, only that successor freed A's counts)."""
+    stub = start_stub(tmp_path, "--record", "100")
+    gw = _gateway(tmp_path, [stub], "--serialize", "off", GRM_MAX_INFLIGHT_PER_REPLICA="1",
+                  GRM_AUDIT_FRACTION="0")
+    try:
+        workers = _both_workers(gw)
+        httpx.delete(stub.url + "/stub/received")
+        httpx.post(stub.url + "/stub/hold").raise_for_status()
+        a, b = workers[0], workers[1]
+        first = _connection_to(gw, a, [b])
+        _send_chat(first, 1)
+        wait_until(lambda: httpx.get(stub.url + "/stub/overlap").json()["in_flight"] == 1,
+                   "A's request held at the replica")
+        second = _connection_to(gw, b, [a])
+        _send_chat(second, 2)
+        os.kill(a, signal.SIGKILL)
+        wait_until(lambda: 2 in _seeds(stub), "B's request at the replica")
+        assert gw.log.read_text().count("worker 0 started") == 1, "A's successor not yet started"
+        httpx.post(stub.url + "/stub/release").raise_for_status()
+        second.settimeout(DEADLINE_S)
+        assert second.recv(65536).startswith(b"HTTP/1.1 200 ")
+        first.close()
+        second.close()
+    finally:
+        httpx.post(stub.url + "/stub/release")
+        gw.stop()
+        stub.stop()

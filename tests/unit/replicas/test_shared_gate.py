@@ -11,8 +11,10 @@ import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
+import pytest
+
 from grm_service.replicas.pool import Gate
-from grm_service.replicas.shared_gate import GateFile
+from grm_service.replicas.shared_gate import GateFile, release_worker
 
 _SPAWN = multiprocessing.get_context("spawn")
 _HOLD_S = 0.01
@@ -82,9 +84,10 @@ def test_without_the_shared_file_they_overlap(tmp_path: Path) -> None:
     assert _overlaps(alone, shared) > 0
 
 
-def _hold_exclusive_forever(path: str, ready: str) -> None:
+def _hold_exclusive_forever(path: str, ready: str, exclusive: bool = True,
+                            capacity: int = 1 << 30) -> None:
     async def hold() -> None:
-        await GateFile(Path(path), 0, 2).gate(0).acquire(True)
+        await GateFile(Path(path), 0, 2).gate(0).acquire(exclusive, capacity)
         Path(ready).touch()
         await asyncio.sleep(3600)
 
@@ -203,3 +206,50 @@ def test_one_busy_worker_may_use_the_whole_bound(tmp_path: Path) -> None:
     split of the bound would cap it at 2 of 3 here)."""
     spans = _bounded_run(tmp_path, tasks=[5, 0], capacity=3)
     assert _most_at_once(spans) == 3
+
+
+def _switches() -> int:
+    """This thread's voluntary context switches: each sleep of a polling loop is one."""
+    for line in Path("/proc/thread-self/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/thread-self/status")
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive-holder", "counted-holder"])
+def test_a_waiter_sleeps_until_a_dead_holder_is_released(tmp_path: Path, exclusive: bool) -> None:
+    """The waiter parks on an event, without polling (a poll every 0.5-5 ms would switch
+    hundreds of times a second), and the manager's release of the dead holder wakes it at once:
+    its lock went with it (the kernel), its count of the one slot did not (release_worker)."""
+    lock, ready = tmp_path / "gates", tmp_path / "ready"
+    holder = _SPAWN.Process(target=_hold_exclusive_forever,
+                            args=(str(lock), str(ready), exclusive, 1))
+    holder.start()
+    deadline = time.monotonic() + _START_S
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the holder never held"
+    gates = GateFile(lock, 1, 2)
+
+    async def wait_then_release() -> float:
+        waiting = asyncio.create_task(gates.gate(0).acquire(False, 1))
+        await asyncio.sleep(0.1)  # parked
+        before = _switches()
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), "the replica is held by the other process"
+        assert _switches() - before < 50, "the waiter polled"
+        assert holder.pid is not None
+        os.kill(holder.pid, signal.SIGKILL)
+        await asyncio.to_thread(holder.join, 10)
+        released = time.monotonic()
+        release_worker(lock, 0, 2)  # what the manager does when it sees the death
+        async with asyncio.timeout(10):
+            await waiting
+        return time.monotonic() - released
+
+    try:
+        assert asyncio.run(wait_then_release()) < 5
+    finally:
+        gates.close()
+        holder.kill()
+        holder.join(10)
