@@ -98,9 +98,18 @@ class Counts:
         self._slots[self._at(_WAITERS, replica, self.worker)] += delta
 
     def parked_elsewhere(self, replica: int) -> list[int]:
-        """The other workers with a task waiting on `replica`."""
+        """The other workers with a task waiting on `replica` (on every release: kept cheap)."""
         base = self._at(_WAITERS, replica, 0)
-        return [w for w in range(self.workers) if w != self.worker and self._slots[base + w]]
+        row = self._slots[base:base + self.workers].tolist()
+        if not any(row):
+            return []
+        return [w for w, parked in enumerate(row) if parked and w != self.worker]
+
+    def release_one(self, replica: int) -> list[int]:
+        """Give back one shared slot; the other workers waiting on `replica` (call it under the
+        replica's count lock: module doc)."""
+        self.add(replica, -1)
+        return self.parked_elsewhere(replica)
 
     def close(self) -> None:
         self._slots.release()
@@ -184,7 +193,7 @@ class SharedGate(Gate):
         try:
             if exclusive:
                 await self._lock_exclusive()
-            else:
+            elif self._locking.locked() or not self._try_shared():  # else: no wait, no queue
                 async with self._locking:
                     await self._until(self._try_shared)
         except BaseException:  # the queue timeout cancelled the wait: give the local slot back
@@ -193,20 +202,27 @@ class SharedGate(Gate):
         if exclusive:
             return
         try:
-            async with self._counting:
-                await self._until(lambda: self._take_count(capacity))
+            if self._counting.locked() or not self._take_count(capacity):
+                async with self._counting:
+                    await self._until(lambda: self._take_count(capacity))
         except BaseException:
             await self.release(False, counted=False)
             raise
 
     async def release(self, exclusive: bool, counted: bool = True) -> None:
         if not exclusive:
-            if counted:
-                self._counts.add(self._index, -1)
             self._readers -= 1
         if exclusive or not self._readers:
             self._unlock(self._hold)
-        self._changed()
+        if counted and not exclusive:
+            self._lock_counts()
+            try:
+                elsewhere = self._counts.release_one(self._index)
+            finally:
+                self._unlock(self._count_lock)
+            self._wake(elsewhere)
+        else:
+            self._changed()
         await self._local.release(exclusive)
 
     async def _until(self, attempt: Callable[[], bool]) -> None:
@@ -238,6 +254,9 @@ class SharedGate(Gate):
             elsewhere = self._counts.parked_elsewhere(self._index)
         finally:
             self._unlock(self._count_lock)
+        self._wake(elsewhere)
+
+    def _wake(self, elsewhere: list[int]) -> None:
         if elsewhere:
             self._wakeups.wake(elsewhere)
         if self._parked:

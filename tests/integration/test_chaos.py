@@ -11,10 +11,12 @@ prints a table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -146,6 +148,44 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     assert pinned(service.url, REQUESTS, "r0") == before
     metrics = httpx.get(service.url + "/metrics", timeout=10).text
     assert f'grm_replica_restarts_total{{replica="r0"}} {restarts + 1}.0' in metrics
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _engines(url: str) -> dict[str, tuple[int, int]]:
+    return {r["name"]: (int(r["pid"]), r["restarts"])
+            for r in httpx.get(url + "/ready", timeout=10).json()["replicas"]}
+
+
+def test_sigkill_of_each_serving_worker_leaves_the_engines(launched_text: Proc) -> None:
+    """`--workers 2`: the engines are the keeper's process's, not a serving worker's. SIGKILL
+    each worker, worker 0 too: the same engine processes, no restart, the same bits."""
+    service = launched_text
+    engines = _engines(service.url)
+    tree = sorted(p for pid, _ in engines.values() for p in [pid, *descendants(pid)])
+    answer = pinned(service.url, REQUESTS, "r0")
+    keeper = next(c for c in _children(service.popen.pid)
+                  if set(tree) <= set(descendants(c)))
+    workers = [c for c in _children(service.popen.pid) if c != keeper]
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while worker in _children(service.popen.pid) or len(_children(service.popen.pid)) < 3:
+            assert time.monotonic() < deadline, "the worker was not started again"
+            time.sleep(0.2)
+        wait_ready(service, timeout=120)
+        assert pinned(service.url, REQUESTS, "r0") == answer
+    assert _engines(service.url) == engines
+    assert pids_alive(tree) == tree, "an engine process died with a worker"
+    assert keeper in _children(service.popen.pid)
 
 
 def test_sigkill_of_gateway_leaves_no_replica(launched_text: Proc) -> None:

@@ -8,7 +8,8 @@ identity) instead of launching their own:
 - `vlm`: two replicas of the tiny vision-language model ("tiny-vlm", up to 8 images a prompt);
 - `classifier`: one replica of the tiny sequence classifier ("tiny-cls");
 - `launched-text`: a gateway that launches two text replicas itself (the `serve --model` path,
-  with the keeper's restarts), for the tests that kill replicas or the gateway.
+  with the keeper's restarts), for the tests that kill replicas, workers or the gateway; it runs
+  `--workers 2`, so its replicas are kept by the keeper's own process.
 
 Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
 parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
@@ -158,7 +159,7 @@ class EnginePool:
     def _launch(self) -> Proc:
         recipe = RECIPES["text"]
         args = ["--model", str(ensure_tiny_model("text")), "--replicas", str(recipe.replicas),
-                *recipe.flags()]
+                "--workers", "2", *recipe.flags()]
         # Audits would re-run requests on the other replica: off, so the load is the tests'.
         return start_gateway(self.root, *args, env={"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS})
 
