@@ -3,7 +3,7 @@
 With `--workers N` each worker process writes its values to prometheus_client's multiprocess
 files (the worker is started with PROMETHEUS_MULTIPROC_DIR) and `/metrics`, on any worker, shows
 them merged: counters and histograms summed, in-flight gauges summed over live workers, replica
-gauges as the keeper's worker set them. `Info` has no multiprocess form: each worker shows its
+gauges as the keeper's process sets them. `Info` has no multiprocess form: each worker shows its
 own, the same in every worker (the service identity comes from the one snapshot).
 """
 
