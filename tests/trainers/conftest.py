@@ -8,6 +8,7 @@ with `.venv-trainers/bin/python -m pytest tests/trainers`.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +51,13 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Built by this environment's transformers, in a cache of its own: the engine tests' cache
     # holds models written by the engine venv's (newer) transformers.
     return ensure_tiny_model("text", tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    # verl's worker takes the thread's current loop (or makes one); give it one to own.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    loop.close()

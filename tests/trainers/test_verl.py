@@ -4,7 +4,6 @@ say) calls grm-service's `compute_score` on a real DataProto batch; and verl's b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -70,16 +69,6 @@ def batch(tokenizer: Any) -> DataProto:
                                     for i, q in enumerate(QUESTIONS)], dtype=object),
         },
     )
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    # verl's worker takes the thread's current loop (or makes one); give it one to own.
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.set_event_loop(None)
-    loop.close()
 
 
 def fingerprint_id(gateway: Proc) -> str:

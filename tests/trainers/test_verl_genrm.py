@@ -53,15 +53,6 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
         yield gw
 
 
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.set_event_loop(None)
-    loop.close()
-
-
 def test_verl_genrm_function_through_reward_router_address(
     router: Proc, tiny_policy: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
