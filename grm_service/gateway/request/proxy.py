@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from grm_service import jsonload
 from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode, SerializeMode, Settings
 from grm_service.engines import Capabilities
@@ -239,7 +240,7 @@ def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
     if status >= 500:
         raise _Retryable("status", replica.name, f"HTTP {status}")
     try:
-        payload = json.loads(content)
+        payload = jsonload.loads(content)
     except ValueError as err:
         if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
             text = content.decode(errors="replace")[:500]
