@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
+import json
 import os
+import pstats
+import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ from uvicorn.server import ServerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_images
 import procs
 
 from grm_service.config import Settings
@@ -45,22 +51,79 @@ from grm_service.gateway.edge.protocol_check import protocol_for
 from grm_service.gateway.request.upstream import Upstream, _Connection, _Target
 from grm_service.gateway.service import Service
 
-_ANSWER = (b'{"id":"chatcmpl-stub","object":"chat.completion","created":0,"model":"rm",'
-           b'"choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":'
-           b'{"role":"assistant","content":"stub-0123456789abcdef"}}],'
-           b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
-_REPLY = (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\nserver: uvicorn\r\n"
-          b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(_ANSWER)
-          + _ANSWER)
+_CHAT_ANSWER = (
+    b'{"id":"chatcmpl-stub","object":"chat.completion","created":0,"model":"rm",'
+    b'"choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":'
+    b'{"role":"assistant","content":"stub-0123456789abcdef"}}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
 
 
-def _request(i: int) -> bytes:
-    """What benchmarks/loadgen.lua sends."""
-    body = (b'{"model":"rm","messages":[{"role":"user","content":"score prompt %d"}],'
-            b'"seed":42,"max_tokens":8,"temperature":0}' % i)
+def _reply(answer: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\nserver: uvicorn\r\n"
+            b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(answer)
+            + answer)
+
+
+def _logprobs_answer(tokens: int) -> bytes:
+    """An OCR answer as vLLM renders it (starlette's compact JSON of its response model):
+    `tokens` tokens with logprobs, most of them confident (logprobs near 0, as OCR gives)."""
+    rng = random.Random(0)
+    words = ["Invoice", " total", " 12", ".", "50", " EUR", " paid", " on", " 2026", "-11"]
+    content = []
+    for _ in range(tokens):
+        token = rng.choice(words)
+        logprob = -rng.expovariate(1.0) * (1e-4 if rng.random() < 0.7 else 1.0)
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()),
+                        "top_logprobs": []})
+    message = {"role": "assistant", "content": "".join(c["token"] for c in content),
+               "refusal": None, "annotations": None, "audio": None, "function_call": None,
+               "tool_calls": [], "reasoning": None}
+    answer = {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "rm",
+              "choices": [{"index": 0, "message": message, "logprobs": {"content": content},
+                           "finish_reason": "length", "stop_reason": None,
+                           "token_ids": None}],
+              "service_tier": None, "system_fingerprint": None,
+              "usage": {"prompt_tokens": 300, "total_tokens": 300 + tokens,
+                        "completion_tokens": tokens, "prompt_tokens_details": None},
+              "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}
+    return json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _http(body: bytes, i: int) -> bytes:
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
             b"Content-Type: application/json\r\nX-Session-ID: k%d\r\nX-SMG-Routing-Key: k%d\r\n"
             b"Content-Length: %d\r\n\r\n" % (i, i, len(body)) + body)
+
+
+def _chat_request(i: int) -> bytes:
+    """What benchmarks/loadgen.lua sends."""
+    return _http(b'{"model":"rm","messages":[{"role":"user","content":"score prompt %d"}],'
+                 b'"seed":42,"max_tokens":8,"temperature":0}' % i, i)
+
+
+def _ocr_request(i: int) -> bytes:
+    """An OCR request on a 224 x 224 document crop of its own (PNG, ~114 KB): 128 tokens with
+    logprobs, temperature 0.7, top_p 0.8."""
+    png = bench_images.scan_page(224, 224, 0.31, "RGB", seed=i)
+    body = bench_images.chat_body(png)
+    body.update(max_tokens=128, logprobs=True, temperature=0.7, top_p=0.8, seed=42)
+    return _http(json.dumps(body).encode(), i)
+
+
+def _judge_request(i: int) -> bytes:
+    """A short judge request: a prompt and a completion to grade, 8 tokens answered."""
+    text = f"Grade the answer from 1 to 10. Question {i}: what is 17 * 3? Answer: 51."
+    body = {"model": "rm", "messages": [{"role": "user", "content": text}], "seed": 42,
+            "max_tokens": 8, "temperature": 0}
+    return _http(json.dumps(body).encode(), i)
+
+
+# workload -> (requests, the replica's recorded answer, distinct requests)
+WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = {
+    "chat": (_chat_request, lambda: _CHAT_ANSWER, 256),
+    "judge": (_judge_request, lambda: _CHAT_ANSWER, 256),
+    "ocr": (_ocr_request, lambda: _logprobs_answer(128), 256),
+}
 
 
 class _Pipe:
@@ -94,10 +157,13 @@ class _Pipe:
 class _MemoryUpstream(Upstream):
     """The real pool and connection protocol; each connection's replica is a recording."""
 
+    reply = _reply(_CHAT_ANSWER)
+
     async def _connect(self, target: _Target) -> _Connection:
         loop = asyncio.get_running_loop()
         conn = _Connection(loop)
-        conn.connection_made(_Pipe(loop, lambda _: conn.data_received(_REPLY)))  # type: ignore[arg-type]
+        reply = self.reply
+        conn.connection_made(_Pipe(loop, lambda _: conn.data_received(reply)))  # type: ignore[arg-type]
         self._open.add(conn)
         return conn
 
@@ -105,10 +171,11 @@ class _MemoryUpstream(Upstream):
 class _Clients:
     """C closed-loop keep-alive clients sending `total` requests between them."""
 
-    def __init__(self, make: Any, loop: asyncio.AbstractEventLoop, conns: int, total: int) -> None:
+    def __init__(self, make: Any, loop: asyncio.AbstractEventLoop, conns: int, total: int,
+                 requests: list[bytes]) -> None:
         self.total, self.left, self.done, self.bad = total, total, 0, 0
         self.finished: asyncio.Future[None] = loop.create_future()
-        self.requests = [_request(i) for i in range(256)]
+        self.requests = requests
         self.protos = [make() for _ in range(conns)]
         for i, proto in enumerate(self.protos):
             proto.connection_made(_Pipe(loop, lambda data, i=i: self._answered(i, data)))
@@ -118,7 +185,7 @@ class _Clients:
     def _send(self, i: int) -> None:
         if self.left > 0:
             self.left -= 1
-            self.protos[i].data_received(self.requests[(self.left + i) % 256])
+            self.protos[i].data_received(self.requests[(self.left + i) % len(self.requests)])
 
     def _answered(self, i: int, data: bytes) -> None:
         self.bad += not data.startswith(b"HTTP/1.1 200")
@@ -143,12 +210,16 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
     assert gw is not None
     while len(gw.pool.ready()) < len(urls):
         await asyncio.sleep(0.2)
-    gw.client = _MemoryUpstream(settings.request_timeout_s)
+    make_request, answer, distinct = WORKLOADS[args.workload]
+    requests = [make_request(i) for i in range(distinct)]
+    upstream = _MemoryUpstream(settings.request_timeout_s)
+    upstream.reply = _reply(answer())
+    gw.client = upstream
     loop, state = asyncio.get_running_loop(), ServerState()
 
     async def burst(total: int) -> _Clients:
         clients = _Clients(lambda: protocol(config, state, {}, loop), loop, args.connections,
-                           total)
+                           total, requests)
         await clients.finished
         return clients
 
@@ -161,6 +232,15 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
         clients = await burst(args.requests)
         subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
         print(f"{clients.done} requests measured ({clients.bad} not 200)")
+    elif args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        clients = await burst(args.requests)
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        stats.dump_stats(args.profile)
+        stats.sort_stats("tottime").print_stats(25)
+        print(f"{clients.done} requests profiled ({clients.bad} not 200): {args.profile}")
     else:
         per: list[float] = []
         for _ in range(args.bursts):
@@ -169,7 +249,7 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
             per.append((time.process_time() - start) / clients.done * 1e6)
         per.sort()
         print(f"gateway CPU per request: min {per[0]:.1f} us, median {per[len(per) // 2]:.1f} us"
-              f" ({args.bursts} bursts of {args.requests}, c={args.connections},"
+              f" ({args.workload}, {args.bursts} bursts of {args.requests}, c={args.connections},"
               f" {clients.bad} not 200)")
     await lifespan.shutdown()
 
@@ -180,6 +260,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--requests", type=int, default=8000, help="per burst")
     parser.add_argument("--bursts", type=int, default=6)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="chat",
+                        help="chat: loadgen.lua's bodies; ocr: a distinct 224 x 224 PNG each, "
+                        "128 tokens with logprobs answered; judge: a short grading prompt")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="one burst under cProfile: the top functions, stats to FILE")
     parser.add_argument("--callgrind", action="store_true",
                         help="one burst with valgrind's instrumentation on (run under callgrind)")
     args = parser.parse_args()

@@ -21,7 +21,13 @@ _DECODER = msgspec.json.Decoder()
 
 
 def loads(raw: bytes) -> Any:
+    return loads_strict(raw)[0]
+
+
+def loads_strict(raw: bytes) -> tuple[Any, bool]:
+    """The value, and whether `raw` is strict JSON (RFC 8259, UTF-8: what msgspec accepts), so
+    that the bytes themselves may be sent on as JSON of the value."""
     try:
-        return _DECODER.decode(raw)
+        return _DECODER.decode(raw), True
     except (msgspec.DecodeError, RecursionError):
-        return json.loads(raw)
+        return json.loads(raw), False

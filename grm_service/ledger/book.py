@@ -114,7 +114,7 @@ class Ledger:
         keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
         size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
         self.writer.add(partial(_record, time.time(), path, list(raw) if keep else None, origin,
-                                answer.payload, answer.fields, how), size)
+                                answer.payload, answer.engine_json, answer.fields, how), size)
 
     async def read(self, query: Callable[[Store], T]) -> T:
         """Run `query` on the reader's thread, with its own connection (never the loop's)."""
@@ -136,11 +136,13 @@ class Ledger:
 
 
 def _record(at: float, path: str, raw: list[bytes | memoryview] | None, origin: Origin,
-            payload: dict[str, Any], fields: dict[str, Any], how: str) -> Record:
-    """On the writer's thread: the record, encoded."""
+            payload: dict[str, Any], engine_json: bytes, fields: dict[str, Any],
+            how: str) -> Record:
+    """On the writer's thread: the record, encoded (the engine's own JSON where it is strict
+    JSON of the payload: the same value, without a second rendering)."""
     return Record(at, origin, path, fields["fingerprint_id"], fields["request_digest"],
                   fields["response_digest"], None if raw is None else b"".join(raw),
-                  _PAYLOAD_JSON.encode(payload).encode(), fields, how)
+                  engine_json or _PAYLOAD_JSON.encode(payload).encode(), fields, how)
 
 
 def _shown(location: str) -> str:

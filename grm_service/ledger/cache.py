@@ -24,6 +24,10 @@ class Answer(Protocol):
     @property
     def fields(self) -> dict[str, Any]: ...
 
+    @property
+    def engine_json(self) -> bytes:
+        """The payload as the engine's bytes, where they are strict JSON of it; else b""."""
+
 
 A = TypeVar("A", bound=Answer)
 Compute = Callable[[], Awaitable[A]]

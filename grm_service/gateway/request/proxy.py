@@ -226,7 +226,7 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[in
 
 async def _attempt(
     gw: Gateway, replica: Replica, path: str, raw: Body, alone: bool
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bytes]:
     await _admit(gw, replica, alone)
     try:
         response = await _post(gw, replica, path, raw)
@@ -235,12 +235,13 @@ async def _attempt(
     return _decode(replica, response)
 
 
-def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
+def _decode(replica: Replica, response: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
+    """The engine's payload, and its bytes where they are strict JSON of it (else b"")."""
     status, content = response
     if status >= 500:
         raise _Retryable("status", replica.name, f"HTTP {status}")
     try:
-        payload = jsonload.loads(content)
+        payload, strict = jsonload.loads_strict(content)
     except ValueError as err:
         if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
             text = content.decode(errors="replace")[:500]
@@ -250,7 +251,7 @@ def _decode(replica: Replica, response: tuple[int, bytes]) -> dict[str, Any]:
         raise BackendRejected(_engine_message(payload), status)
     if not isinstance(payload, dict):
         raise _Retryable("decode", replica.name, "response is not a JSON object")
-    return payload
+    return payload, content if strict else b""
 
 
 def _engine_message(payload: Any) -> str:
@@ -323,7 +324,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     for replica in order[: gw.settings.max_attempts]:
         serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
         try:
-            payload = await _attempt(gw, replica, path, raw, serialized)
+            payload, engine_json = await _attempt(gw, replica, path, raw, serialized)
         except _Retryable as err:
             gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
             log.warning("attempt failed, failing over: %s (%s)", err, err.detail)
@@ -332,7 +333,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
             continue
         _record(gw, replica, ok=True)
         gw.count_tokens(payload)
-        forwarded = _answer(gw, replica, body, raw, payload, serialized)
+        forwarded = _answer(gw, replica, body, raw, payload, serialized, engine_json)
         if audit and gw.auditor is not None and gw.auditor.draw():
             _audit(gw, gw.auditor, path, body, replica, forwarded)
         return forwarded
@@ -380,11 +381,11 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
 
 
 def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
-            payload: dict[str, Any], alone: bool) -> Forwarded:
+            payload: dict[str, Any], alone: bool, engine_json: bytes) -> Forwarded:
     ident = replica.identity
     assert ident is not None, "admission reads the identity before a replica is routed to"
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
     stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
     return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.system,
-                     stamp.json)
+                     stamp.json, engine_json)

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.responses import JSONResponse
 
 from grm_service.engine_side.identity import ReplicaIdentity
@@ -70,6 +72,10 @@ def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], a
     assert render(answer) == pydantic_route(payload, model, ident.system_fingerprint())
     # no stamp: the whole dict
     assert render(Forwarded(payload, fields, stamp.system)) == render(answer)
+    # the engine's bytes as vLLM writes them (starlette's compact JSON): kept, the same bytes
+    engine = bytes(JSONResponse(payload).body)
+    kept = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json, engine)
+    assert render(kept) == render(answer)
     assert bytes(JSONResponse(wrap(answer)).body) == render(answer)
     assert answer.fingerprint == model
     assert fingerprint_headers(fields) == model.headers()
@@ -120,3 +126,45 @@ def test_system_fingerprint_is_the_backend_configuration_without_the_seed() -> N
     assert unverified.system_fingerprint().startswith("grm-unverified-")
     assert unverified.system_fingerprint() == identity(
         verified=False, model_hash=None, env_digest=None).system_fingerprint()
+
+
+_LEAVES = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+_VALUES = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=12)
+_KEYS = st.sampled_from(["id", "object", "system_fingerprint", "usage", "model", "x\"y", "é"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, min_size=1, max_size=6),
+       st.sampled_from([(",", ":"), (", ", ": "), (",", " : ")]), st.booleans(),
+       st.sampled_from([None, 2]))
+def test_kept_engine_bytes_parse_to_the_wrapped_answer(
+        payload: dict[str, Any], separators: tuple[str, str], ascii_only: bool,
+        indent: int | None) -> None:
+    """Whatever way the engine formats its JSON, the answer kept from its bytes is the wrapped
+    answer's value; written as starlette writes it, it is the re-rendered answer's bytes."""
+    ident = identity()
+    stamp = Stamps().get("r0", ident, 7)
+    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    engine = json.dumps(payload, separators=separators, ensure_ascii=ascii_only,
+                        indent=indent).encode()
+    kept = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json, engine)
+    whole = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json)
+    assert json.loads(render(kept)) == wrap(whole)
+    if separators == (",", ":") and not ascii_only and indent is None:
+        assert render(kept) == render(whole)
+
+
+def test_engine_bytes_whose_end_is_not_the_payloads_are_rendered_again() -> None:
+    """A trailing member the payload does not hold (or holds otherwise): the dict is rendered."""
+    ident = identity()
+    stamp = Stamps().get("r0", ident, 7)
+    payload = {"id": "c", "system_fingerprint": None, "usage": {"total_tokens": 3}}
+    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    whole = render(Forwarded(payload, fields, ident.system_fingerprint(), stamp.json))
+    for engine in (b'{"id":"c","system_fingerprint":null,"usage":{"total_tokens":4}}',
+                   b'{"id":"c","system_fingerprint":null,"usage":{"total_tokens":3}} ',
+                   b'{"id":"c","system_fingerprint":null}'):
+        kept = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json, engine)
+        assert render(kept) == whole
