@@ -113,8 +113,13 @@ class Ledger:
         bodies = self.settings.ledger_bodies
         keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
         size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
+        # The engine's bytes, where there are some, and not the payload: a record waits for
+        # its write up to a flush interval, and a payload is thousands of objects for the
+        # garbage collector to walk meanwhile (bytes are none).
+        engine_json = answer.engine_json
+        payload = None if engine_json else answer.payload
         self.writer.add(partial(_record, time.time(), path, list(raw) if keep else None, origin,
-                                answer.payload, answer.engine_json, answer.fields, how), size)
+                                payload, engine_json, answer.fields, how), size)
 
     async def read(self, query: Callable[[Store], T]) -> T:
         """Run `query` on the reader's thread, with its own connection (never the loop's)."""
@@ -136,7 +141,7 @@ class Ledger:
 
 
 def _record(at: float, path: str, raw: list[bytes | memoryview] | None, origin: Origin,
-            payload: dict[str, Any], engine_json: bytes, fields: dict[str, Any],
+            payload: dict[str, Any] | None, engine_json: bytes, fields: dict[str, Any],
             how: str) -> Record:
     """On the writer's thread: the record, encoded (the engine's own JSON where it is strict
     JSON of the payload: the same value, without a second rendering)."""
