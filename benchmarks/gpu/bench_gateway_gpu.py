@@ -184,10 +184,13 @@ def ocr_image(index: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def ocr_bodies(model: str, n: int, images: int = 16) -> list[dict[str, Any]]:
+def ocr_bodies(model: str, n: int, images: int = 16,
+               logprobs: bool = False) -> list[dict[str, Any]]:
+    """`n` OCR requests over `images` distinct images; `logprobs`: each token's logprob too."""
     urls = [ocr_image(i) for i in range(images)]
+    extra: dict[str, Any] = {"logprobs": True} if logprobs else {}
     return [{"model": model, "seed": 1000 + i, "temperature": 0.7, "top_p": 0.8,
-             "max_tokens": 128, "ignore_eos": True,
+             "max_tokens": 128, "ignore_eos": True, **extra,
              "messages": [{"role": "user", "content": [
                  {"type": "image_url", "image_url": {"url": urls[i % images]}},
                  {"type": "text", "text": "Transcribe the text in this image."}]}]}
@@ -341,7 +344,7 @@ async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, v
                      vl_model: str, result: dict[str, Any]) -> None:
     paths = [Target("direct", replica_url(vl), None), Target("gateway", vl.url, vl.popen.pid)]
     chat = "/v1/chat/completions"
-    ocr = ocr_bodies(vl_model, args.ocr)
+    ocr = ocr_bodies(vl_model, args.ocr, args.ocr_images, args.logprobs)
     result["ocr_body_bytes"] = len(json.dumps(ocr[0]))
     print(f"OCR body {result['ocr_body_bytes']} bytes; warm-up", flush=True)
     for p in paths:
@@ -397,6 +400,9 @@ def main() -> None:
     parser.add_argument("--cls-mem", default="0.20")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--ocr", type=int, default=256)
+    parser.add_argument("--ocr-images", type=int, default=16,
+                        help="distinct images among the OCR requests (256: one each)")
+    parser.add_argument("--logprobs", action="store_true", help="OCR answers carry logprobs")
     parser.add_argument("--judge", type=int, default=1024)
     parser.add_argument("--token-requests", type=int, default=8)
     parser.add_argument("--cls-n", type=int, default=512)
