@@ -226,7 +226,8 @@ def test_caps_refuse_naming_the_cap(
     assert received(stubs) == []
 
 
-def test_health_answers_while_worst_case_options_are_in_flight(gateway: Proc) -> None:
+def test_health_answers_while_worst_case_options_are_in_flight(
+        gateway: Proc, tmp_path: Path) -> None:
     # (\w|\w|\w)+! takes 3**n steps in Python's re on the STUB's 21-character answers.
     judge = {"scorer": "judge", "options": {"pattern": r"(?:\w|\w|\w)+!(\d)"},
              "items": [{"id": str(i), "completion": "x"} for i in range(200)]}
@@ -238,23 +239,31 @@ def test_health_answers_while_worst_case_options_are_in_flight(gateway: Proc) ->
 
     # The bound is the behaviour: scoring never holds the event loop (decoding or encoding a
     # batch of 100,000 items on it takes seconds, a backtracking pattern hours). It is scaled by
-    # this machine's pace at the time: the slowest /health with nothing in flight.
+    # this machine's pace at the time: the slowest /health with nothing in flight, and the
+    # slowest of an idle server process sampled alongside (on a shared machine other jobs can
+    # starve every process for a while; a held event loop holds up the gateway alone).
     idle = max(health_s(gateway) for _ in range(20))
-    bound = 1.0 + 10 * idle
-    workers = [threading.Thread(target=send, args=item)
-               for item in (("judge", judge), ("batch", batch))]
-    for worker in workers:
-        worker.start()
-    slowest = 0.0
-    while any(w.is_alive() for w in workers):
-        slowest = max(slowest, health_s(gateway))
-        time.sleep(0.05)
-    for worker in workers:
-        worker.join()
+    control = start_stub(tmp_path)
+    try:
+        workers = [threading.Thread(target=send, args=item)
+                   for item in (("judge", judge), ("batch", batch))]
+        for worker in workers:
+            worker.start()
+        slowest = paced = 0.0
+        while any(w.is_alive() for w in workers):
+            slowest = max(slowest, health_s(gateway))
+            paced = max(paced, health_s(control))
+            time.sleep(0.05)
+        for worker in workers:
+            worker.join()
+    finally:
+        control.stop(signal.SIGKILL)
+    bound = 1.0 + 10 * max(idle, paced)
     assert answers["judge"].status_code == answers["batch"].status_code == 200
     assert len(answers["batch"].json()["results"]) == MAX_ITEMS
     assert all("no score" in r["error"] for r in answers["judge"].json()["results"])
-    assert slowest < bound, f"/health took {slowest:.2f} s ({idle:.3f} s with nothing in flight)"
+    assert slowest < bound, (f"/health took {slowest:.2f} s ({idle:.3f} s with nothing in flight,"
+                             f" an idle server's at most {paced:.3f} s meanwhile)")
 
 
 def health_s(gateway: Proc) -> float:
