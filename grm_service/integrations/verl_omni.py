@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from grm_service.gateway.request.images import sniff_mime
 from grm_service.integrations.common import (
     KEY_ENV,
     RETRIES,
@@ -47,6 +46,7 @@ from grm_service.integrations.common import (
     reward_or,
 )
 from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
+from grm_service.mime import sniff_mime
 from grm_service.scoring.images import encode_bytes
 from grm_service.scoring.models import ItemResult, ScoreItem
 

@@ -86,21 +86,6 @@ def decode_base64(payload: str | memoryview, max_bytes: int) -> bytes:
         raise ImageError("image is not valid base64") from None
 
 
-def sniff_mime(payload: str) -> str | None:
-    """The media type of bare base64 image data, from its first bytes (no full decode)."""
-    head = payload[:32]
-    try:
-        start = pybase64.b64decode(head[: len(head) // 4 * 4], validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    magic = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif",
-             b"BM": "image/bmp", b"II*\x00": "image/tiff", b"MM\x00*": "image/tiff"}
-    for prefix, mime in magic.items():
-        if start.startswith(prefix):
-            return mime
-    return "image/webp" if start[:4] == b"RIFF" and start[8:12] == b"WEBP" else None
-
-
 def check_image(data: bytes, limits: ImageLimits) -> str:
     """Prove what the module docstring says for these bytes; returns the format name."""
     if not data:
