@@ -6,7 +6,7 @@ every document msgspec accepts, it builds the same Python values `json.loads` do
 document order, the last of duplicate keys, correctly rounded floats, integers of any size.
 What it refuses and `json.loads` may take (NaN and Infinity literals, 1e999, lone surrogates, a
 byte-order mark, other encodings of bytes, nesting past its depth) is parsed by `json.loads`,
-so `loads(raw)` is `json.loads(raw)` for every input, its errors included.
+so the value `loads_strict(raw)` gives is `json.loads(raw)` for every input, its errors included.
 `tests/unit/test_jsonload.py` holds it to that.
 """
 
@@ -18,10 +18,6 @@ from typing import Any
 import msgspec
 
 _DECODER = msgspec.json.Decoder()
-
-
-def loads(raw: bytes) -> Any:
-    return loads_strict(raw)[0]
 
 
 def loads_strict(raw: bytes) -> tuple[Any, bool]:
