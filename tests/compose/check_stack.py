@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -286,12 +287,19 @@ def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[
 
 
 def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
-    sampling = {"max_tokens": 96}  # long enough to be in flight when the stop begins
+    # Batches long enough to be in flight when the stop begins, and short enough for the four
+    # of them to drain in the gateway's 30 s: copies of the items, as many as make one batch
+    # take ~2 s on this machine now (one batch of the items took 0.3 to over 1 s in CI runs).
+    sampling = {"max_tokens": 96}
+    started = time.monotonic()
+    score(stack, items, sampling)
+    copies = max(1, min(8, math.ceil(2.0 / max(time.monotonic() - started, 0.01))))
+    items = [{**item, "id": f"{item['id']}-{copy}"} for copy in range(copies) for item in items]
     reference = without_replica(score(stack, items, sampling))
     gateway = stack.container(GATEWAY_SERVICE)
     with ThreadPoolExecutor(4) as pool:
         flights = [pool.submit(score, stack, items, sampling) for _ in range(4)]
-        time.sleep(1.0)
+        time.sleep(0.5)
         assert not any(f.done() for f in flights), "batches finished before the stop began"
         started = time.monotonic()
         stack.run(*stack.compose, "stop", timeout=STOP_GRACE_S + 60)
@@ -302,7 +310,8 @@ def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
     assert state["ExitCode"] == 0 and not state["OOMKilled"], state
     assert took < STOP_GRACE_S, took
     codes = {s: stack.inspect(stack.container(s))["State"]["ExitCode"] for s in REPLICA_SERVICES}
-    log(f"compose stop: {len(flights)} batches in flight all finished, identical; stop took "
+    log(f"compose stop: {len(flights)} batches of {len(items)} items in flight all finished, "
+        f"identical; stop took "
         f"{took:.1f} s (grace {STOP_GRACE_S:.0f} s); gateway exit 0, replicas exit {codes}")
 
 
