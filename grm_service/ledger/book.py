@@ -3,6 +3,9 @@
     ledger = Ledger(settings, metrics)         # the lifespan; ledger.start() / await close()
     answer, how = await ledger.answer(path, raw, origin, expected_id, compute, serve, cacheable)
 
+`expected_id` is called only where the cache may answer: it is a digest, not worth a request
+the cache never answers.
+
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
 `/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT.
@@ -73,15 +76,17 @@ class Ledger:
         return origin.route == CHAT_ROUTE and self.settings.ledger_cache_chat
 
     async def answer(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
-                     expected_id: str | None, compute: Compute[A], serve: Serve[A],
-                     cacheable: bool) -> tuple[A, str]:
+                     expected_id: Callable[[], str | None], compute: Compute[A],
+                     serve: Serve[A], cacheable: bool) -> tuple[A, str]:
         """The answer to one checked request (`raw`: its canonical body), recorded. `serve`
-        makes an answer of a recorded payload and fingerprint (a hit, a coalesced one)."""
-        if not cacheable or expected_id is None or not self.cacheable(origin):
+        makes an answer of a recorded payload and fingerprint (a hit, a coalesced one);
+        `expected_id` gives the fingerprint id the answer would carry (None: not known yet)."""
+        expected = expected_id() if cacheable and self.cacheable(origin) else None
+        if expected is None:
             computed = await compute()
             self._record(path, raw, origin, computed, "")
             return computed, ""
-        key: Key = (expected_id, parts_digest(raw), path)
+        key: Key = (expected, parts_digest(raw), path)
         answer, how = await self._cached(key, compute, serve)
         self._outcomes[how or "miss"].inc()
         self._record(path, raw, origin, answer, how)

@@ -278,12 +278,10 @@ async def forward(
                  else [canonical_json(body)])
     if gw.ledger is None or origin is None:
         return await _send(gw, path, body, raw, pin, audit)
-    # The expected id only where the cache may answer: computing it is a digest per request.
-    cacheable = pin is None and gw.ledger.cacheable(origin)  # pinned: that replica, no record
     forwarded, how = await gw.ledger.answer(
-        path, raw, origin, _expected_id(gw, body) if cacheable else None,
+        path, raw, origin, functools.partial(_expected_id, gw, body),
         lambda: _send(gw, path, body, raw, pin, audit), functools.partial(served, gw),
-        cacheable=cacheable)
+        cacheable=pin is None)  # pinned: that replica, no record
     if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
         _audit(gw, gw.auditor, path, body, None, forwarded)
     return forwarded

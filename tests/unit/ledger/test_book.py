@@ -56,7 +56,7 @@ def served(payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
 
 async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
               path: str = "/v1/chat/completions", cacheable: bool = True) -> tuple[Forwarded, str]:
-    return await book.answer(path, RAW, origin, expected, compute, served, cacheable)
+    return await book.answer(path, RAW, origin, lambda: expected, compute, served, cacheable)
 
 
 @pytest.fixture
