@@ -1,6 +1,7 @@
-"""The media type of bare base64 image data, from its first bytes: what the clients (the
-trainers' adapters) and the scorers need to name an image in a data URL, without decoding it.
-A leaf, so that client-side code does not import the gateway's request side for it."""
+"""Naming an image: whether a string is a data URL, and the media type of bare base64 image data
+from its first bytes, without decoding it. The clients (the trainers' adapters), the scorers and
+the gateway's checkpoint all need these; a leaf, so that client-side code does not import the
+gateway's request side for them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import binascii
 
 import pybase64
 
+DATA_URL_PREFIX = "data:"
 _MAGIC = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif",
           b"BM": "image/bmp", b"II*\x00": "image/tiff", b"MM\x00*": "image/tiff"}
 
@@ -23,3 +25,7 @@ def sniff_mime(payload: str) -> str | None:
         if start.startswith(prefix):
             return mime
     return "image/webp" if start[:4] == b"RIFF" and start[8:12] == b"WEBP" else None
+
+
+def is_data_url(url: str) -> bool:
+    return url[:5].lower() == DATA_URL_PREFIX

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import base64
 
-from grm_service.gateway.request.images import is_data_url
-from grm_service.mime import sniff_mime
+from grm_service.mime import is_data_url, sniff_mime
 from grm_service.scoring.context import ItemError
 
 

@@ -56,10 +56,10 @@ from grm_service.gateway.request.images import (
     check_image,
     data_url_payload,
     decode_base64,
-    is_data_url,
 )
 from grm_service.gateway.request.longstrings import Lifted
 from grm_service.gateway.request.surrogates import check_surrogates
+from grm_service.mime import is_data_url
 
 SEED_MAX = 2**63 - 1
 CHAT_PATH = "/v1/chat/completions"

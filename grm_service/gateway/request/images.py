@@ -38,10 +38,10 @@ import pybase64
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from grm_service.errors import ImageError
+from grm_service.mime import DATA_URL_PREFIX
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif",
            "BMP": "image/bmp", "TIFF": "image/tiff"}
-_DATA = "data:"
 _TIFF_OFFSETS = (273, 324)  # StripOffsets, TileOffsets
 _TIFF_COUNTS = (279, 325)  # StripByteCounts, TileByteCounts
 
@@ -53,10 +53,6 @@ class ImageLimits:
     decode: bool = False
 
 
-def is_data_url(url: str) -> bool:
-    return url[:5].lower() == _DATA
-
-
 def data_url_payload(url: str, raw: memoryview | None = None) -> str | memoryview:
     """The base64 part of `data:image/<type>;base64,<payload>`; ImageError for anything else.
 
@@ -65,7 +61,7 @@ def data_url_payload(url: str, raw: memoryview | None = None) -> str | memoryvie
     """
     comma = url.find(",")
     header = url if comma < 0 else url[:comma]
-    media, _, encoding = header[len(_DATA):].partition(";")
+    media, _, encoding = header[len(DATA_URL_PREFIX):].partition(";")
     if comma < 0 or encoding.lower() != "base64":
         raise ImageError("image data URL must be base64-encoded: data:image/<type>;base64,...")
     if not media.lower().startswith("image/"):
