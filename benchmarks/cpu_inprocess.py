@@ -48,7 +48,7 @@ from grm_service.config import Settings
 from grm_service.gateway.app import create_app
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.edge.protocol_check import protocol_for
-from grm_service.gateway.request.upstream import Upstream, _Connection, _Target
+from grm_service.gateway.request.upstream import Upstream, _Connection, _Replica
 from grm_service.gateway.service import Service
 
 _CHAT_ANSWER = (
@@ -159,12 +159,15 @@ class _MemoryUpstream(Upstream):
 
     reply = _reply(_CHAT_ANSWER)
 
-    async def _connect(self, target: _Target) -> _Connection:
+    async def _connect(self, replica: _Replica) -> _Connection:
         loop = asyncio.get_running_loop()
         conn = _Connection(loop)
         reply = self.reply
         conn.connection_made(_Pipe(loop, lambda _: conn.data_received(reply)))  # type: ignore[arg-type]
         self._open.add(conn)
+        # Counted as the real pool counts it: a replica with no open connection is forgotten
+        # after each request, and its idle connections with it.
+        replica.open += 1
         return conn
 
 

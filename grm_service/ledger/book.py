@@ -1,10 +1,14 @@
-"""The Ledger: what the request path calls, once per answered request (`answer`).
+"""The Ledger: what the request path calls, once per answered request.
 
     ledger = Ledger(settings, metrics)         # the lifespan; ledger.start() / await close()
-    answer, how = await ledger.answer(path, raw, origin, expected_id, compute, serve, cacheable)
+    if not ledger.may_answer(origin, pinned):  # the cache's policy, here only
+        ledger.record(path, raw, origin, await compute())
+    else:
+        answer, how = await ledger.answer(path, raw, origin, expected_id, compute, serve)
 
-`expected_id` is called only where the cache may answer: it is a digest, not worth a request
-the cache never answers.
+Two calls, not one: a request the cache may not answer (chat, by default) pays for its record
+and nothing else, no closure or coroutine of the cache's made for it. `expected_id` is a digest,
+not worth a request the cache never answers either.
 
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
@@ -26,16 +30,14 @@ from grm_service.errors import LedgerUnavailable
 from grm_service.fingerprint import parts_digest
 from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
 from grm_service.ledger.location import open_store
-from grm_service.ledger.records import Origin, Record
-from grm_service.ledger.store import Store
+from grm_service.ledger.records import Origin, Record, fields_json
+from grm_service.ledger.store import Store, row
 from grm_service.ledger.writer import Writer
 from grm_service.metrics import Metrics
 
 T = TypeVar("T")
 # A record's answer and fingerprint, about, as the buffer holds them (the body apart).
 _RECORD_BYTES = 2048
-# The answer's JSON as stored: the options of the answers the gateway renders.
-_PAYLOAD_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 SCORE_ROUTE = "/v1/score"
 CHAT_ROUTE = "/v1/chat/completions"
 
@@ -70,26 +72,30 @@ class Ledger:
         await asyncio.get_running_loop().run_in_executor(self._reader, self._close_reader)
         self._reader.shutdown()
 
-    def cacheable(self, origin: Origin) -> bool:
+    def may_answer(self, origin: Origin, pinned: bool) -> bool:
+        """Whether the cache may answer this request (a pinned one goes to its replica)."""
+        if pinned:
+            return False
         if origin.route == SCORE_ROUTE:
             return self.settings.ledger_cache_score
         return origin.route == CHAT_ROUTE and self.settings.ledger_cache_chat
 
     async def answer(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
                      expected_id: Callable[[], str | None], compute: Compute[A],
-                     serve: Serve[A], cacheable: bool) -> tuple[A, str]:
-        """The answer to one checked request (`raw`: its canonical body), recorded. `serve`
-        makes an answer of a recorded payload and fingerprint (a hit, a coalesced one);
-        `expected_id` gives the fingerprint id the answer would carry (None: not known yet)."""
-        expected = expected_id() if cacheable and self.cacheable(origin) else None
+                     serve: Serve[A]) -> tuple[A, str]:
+        """The answer to one checked request the cache may answer (`may_answer`; `raw`: its
+        canonical body), recorded. `serve` makes an answer of a recorded payload and
+        fingerprint (a hit, a coalesced one); `expected_id` gives the fingerprint id the answer
+        would carry (None: not known yet)."""
+        expected = expected_id()
         if expected is None:
             computed = await compute()
-            self._record(path, raw, origin, computed, "")
+            self.record(path, raw, origin, computed, "", indexed=True)
             return computed, ""
         key: Key = (expected, parts_digest(raw), path)
         answer, how = await self._cached(key, compute, serve)
         self._outcomes[how or "miss"].inc()
-        self._record(path, raw, origin, answer, how)
+        self.record(path, raw, origin, answer, how, indexed=True)
         return answer, how
 
     async def _cached(self, key: Key, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
@@ -113,18 +119,20 @@ class Ledger:
         except LedgerUnavailable:
             return None  # the store is down: compute it (the writer counts and logs)
 
-    def _record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
-                answer: Answer, how: str) -> None:
+    def record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
+               answer: Answer, how: str = "", indexed: bool = False) -> None:
+        """`indexed`: whether the cache may answer this request's repeats (they look it up)."""
         bodies = self.settings.ledger_bodies
         keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
         size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
         # The engine's bytes, where there are some, and not the payload: a record waits for
         # its write up to a flush interval, and a payload is thousands of objects for the
         # garbage collector to walk meanwhile (bytes are none).
-        engine_json = answer.engine_json
-        payload = None if engine_json else answer.payload
-        self.writer.add(partial(_record, time.time(), path, list(raw) if keep else None, origin,
-                                payload, engine_json, answer.fields, how), size)
+        fields = answer.fields
+        digests = (fields["fingerprint_id"], fields["request_digest"], fields["response_digest"])
+        self.writer.add(row(time.time(), origin, path, digests, tuple(raw) if keep else None,
+                            answer.engine_json or answer.payload, fields_json(fields), how,
+                            indexed), size)
 
     async def read(self, query: Callable[[Store], T]) -> T:
         """Run `query` on the reader's thread, with its own connection (never the loop's)."""
@@ -143,16 +151,6 @@ class Ledger:
 
     def report(self) -> dict[str, Any]:
         return {"location": _shown(self._location), **self.writer.report()}
-
-
-def _record(at: float, path: str, raw: list[bytes | memoryview] | None, origin: Origin,
-            payload: dict[str, Any] | None, engine_json: bytes, fields: dict[str, Any],
-            how: str) -> Record:
-    """On the writer's thread: the record, encoded (the engine's own JSON where it is strict
-    JSON of the payload: the same value, without a second rendering)."""
-    return Record(at, origin, path, fields["fingerprint_id"], fields["request_digest"],
-                  fields["response_digest"], None if raw is None else b"".join(raw),
-                  engine_json or _PAYLOAD_JSON.encode(payload).encode(), fields, how)
 
 
 def _shown(location: str) -> str:

@@ -26,8 +26,11 @@ _SCHEMA = (
   run TEXT NOT NULL, step BIGINT, route TEXT NOT NULL, path TEXT NOT NULL,
   fingerprint_id TEXT NOT NULL, request_digest TEXT NOT NULL, response_digest TEXT NOT NULL,
   body BYTEA, payload BYTEA NOT NULL, fields TEXT NOT NULL, cache TEXT NOT NULL,
-  size BIGINT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS ledger_request ON ledger (fingerprint_id, request_digest)",
+  size BIGINT NOT NULL, lookup BIGINT)""",
+    # A table of the first schema (sqlite.py says what becomes of its records).
+    "ALTER TABLE ledger ADD COLUMN IF NOT EXISTS lookup BIGINT",
+    "DROP INDEX IF EXISTS ledger_request",
+    "CREATE INDEX IF NOT EXISTS ledger_lookup ON ledger (lookup) WHERE lookup IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS ledger_tags ON ledger (key_id, run, step)",
 )
 _CONNECT_TIMEOUT_S = 5

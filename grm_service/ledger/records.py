@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from grm_service.errors import BadTag
 from grm_service.fingerprint import digest
 from grm_service.headers import RUN_HEADER, STEP_HEADER
 
+# msgspec, not json.dumps: a fifth of the writer's time per record went to `json.dumps` building
+# an encoder each call (benchmarks/bench_ledger_store.py). The stored text reads back the same.
+_FIELDS_JSON = msgspec.json.Encoder()
+_ROW_BYTES = 400  # what a record's columns take besides its body and payload, about
 _MAX_RUN = 200
 _MAX_STEP = 2**63 - 1
 
@@ -36,7 +41,7 @@ def parse_step(raw: str | None) -> int | None:
     return int(raw)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Origin:
     """Who asked, and under which tags; `route` is the client's route (the cache's policy)."""
 
@@ -67,14 +72,19 @@ class Record:
     fields: dict[str, Any]
     cache: str = ""  # "", "hit" or "coalesced"
     id: int | None = field(default=None, compare=False)
+    # Whether the cache may look it up (its route's policy when it was answered): only those
+    # records are in the lookup index, which every other record would pay for on its write.
+    indexed: bool = field(default=True, compare=False)
 
     @property
     def size(self) -> int:
-        return len(self.body or b"") + len(self.payload) + 400
-
-    def fields_json(self) -> str:
-        return json.dumps(self.fields, separators=(",", ":"))
+        return record_size(self.body, self.payload)
 
 
-def joined(parts: Sequence[bytes | memoryview]) -> bytes:
-    return b"".join(parts)
+def record_size(body: bytes | None, payload: bytes) -> int:
+    """What a record takes in the store, about: the bound on the ledger's size counts these."""
+    return len(body or b"") + len(payload) + _ROW_BYTES
+
+
+def fields_json(fields: Mapping[str, Any]) -> str:
+    return _FIELDS_JSON.encode(fields).decode()

@@ -18,16 +18,21 @@ from typing import Any
 from grm_service.errors import LedgerUnavailable
 from grm_service.ledger.store import Store
 
-_SCHEMA = """
+_TABLE = """
 CREATE TABLE IF NOT EXISTS ledger (
   id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, key_id TEXT NOT NULL,
   run TEXT NOT NULL, step INTEGER, route TEXT NOT NULL, path TEXT NOT NULL,
   fingerprint_id TEXT NOT NULL, request_digest TEXT NOT NULL, response_digest TEXT NOT NULL,
   body BLOB, payload BLOB NOT NULL, fields TEXT NOT NULL, cache TEXT NOT NULL,
-  size INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS ledger_request ON ledger (fingerprint_id, request_digest);
-CREATE INDEX IF NOT EXISTS ledger_tags ON ledger (key_id, run, step);
-"""
+  size INTEGER NOT NULL, lookup INTEGER)"""
+# A ledger of the first schema keeps its records; they were indexed by their text columns
+# (`ledger_request`), have no `lookup` and are therefore never answered from (a miss, not a
+# wrong answer).
+_UPGRADE = ("ALTER TABLE ledger ADD COLUMN lookup INTEGER", "DROP INDEX IF EXISTS ledger_request")
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS ledger_lookup ON ledger (lookup) WHERE lookup IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS ledger_tags ON ledger (key_id, run, step)",
+)
 _SIDE_FILES = ("-wal", "-shm")
 
 
@@ -55,13 +60,26 @@ class SqliteStore(Store):
             if not readonly:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
-                self._db.executescript(_SCHEMA)
+                self._create()
                 for suffix in _SIDE_FILES:
                     side = Path(f"{path}{suffix}")
                     if side.exists():
                         os.chmod(side, 0o600)
         except (sqlite3.Error, OSError) as err:
             raise LedgerUnavailable(f"ledger {path}: {err}") from err
+
+    def _create(self) -> None:
+        """The table and its indexes, in one transaction: `--workers N` open it at once."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(_TABLE)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(ledger)")}
+            for statement in (() if "lookup" in columns else _UPGRADE) + _INDEXES:
+                self._db.execute(statement)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:

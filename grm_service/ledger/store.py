@@ -7,6 +7,7 @@ disk, a database gone) is raised as `LedgerUnavailable`, whatever the library's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
@@ -14,15 +15,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grm_service.ledger.records import Origin, Record
+from grm_service.ledger.records import Origin, Record, fields_json, record_size
 
 COLUMNS = ("at", "key_id", "run", "step", "route", "path", "fingerprint_id", "request_digest",
-           "response_digest", "body", "payload", "fields", "cache", "size")
+           "response_digest", "body", "payload", "fields", "cache", "size", "lookup")
+_BODY, _PAYLOAD, _SIZE = (COLUMNS.index(c) for c in ("body", "payload", "size"))
+# An answer's JSON as stored where the engine's own bytes are not at hand: the options of the
+# answers the gateway renders.
+PAYLOAD_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _SELECT = "SELECT id, " + ", ".join(COLUMNS) + " FROM ledger"
 # Deleted in chunks: one statement over millions of rows would hold the write lock for long.
 _PRUNE_CHUNK = 2000
 # Rows per INSERT statement: one statement per row costs a round of the driver (and a release
-# and retake of the GIL) per row; 500 rows of 14 values stay under SQLite's 32766 parameters.
+# and retake of the GIL) per row; 500 rows of 15 values stay under SQLite's 32766 parameters.
 _INSERT_ROWS = 500
 
 
@@ -53,19 +58,54 @@ class Selection:
         return " AND ".join(terms), params
 
 
+def lookup_key(fingerprint_id: str, request_digest: str, path: str) -> int:
+    """The cache's key as one signed 64-bit integer, the lookup index's only column.
+
+    An index on the text columns themselves took each write to a random leaf page of an index
+    ten times this size (benchmarks/bench_ledger_store.py); a lookup still compares the three
+    columns, so two keys that share this integer are told apart."""
+    raw = "\x1f".join((fingerprint_id, request_digest, path)).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
+
+
+def row(at: float, origin: Origin, path: str, digests: tuple[str, str, str], body: Any,
+        payload: Any, fields: str, cache: str, indexed: bool) -> tuple[Any, ...]:
+    """One record's values in `COLUMNS`' order. `digests`: fingerprint id, request and response
+    digests. As the request path leaves it (`finished` makes it ready for the store), `body` may
+    be the canonical body's parts and `payload` a dict: a tuple of atoms only is what the
+    garbage collector stops walking while it waits for its write, which a record's objects
+    cost every answer meanwhile (benchmarks/cpu_inprocess.py)."""
+    fp_id, request_digest, response_digest = digests
+    key = lookup_key(fp_id, request_digest, path) if indexed and not cache else None
+    return (at, origin.key_id, origin.run or "", origin.step, origin.route, path, fp_id,
+            request_digest, response_digest, body, payload, fields, cache, 0, key)
+
+
+def finished(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A `row` ready for the store (on the writer's thread): its body joined, its payload
+    encoded, its size counted."""
+    body, payload = values[_BODY], values[_PAYLOAD]
+    if body is not None and not isinstance(body, bytes):
+        body = b"".join(body)
+    if not isinstance(payload, bytes):
+        payload = PAYLOAD_JSON.encode(payload).encode()
+    return (*values[:_BODY], body, payload, *values[_PAYLOAD + 1:_SIZE],
+            record_size(body, payload), *values[_SIZE + 1:])
+
+
 def row_values(record: Record) -> tuple[Any, ...]:
-    o = record.origin
-    return (record.at, o.key_id, o.run or "", o.step, o.route, record.path,
-            record.fingerprint_id, record.request_digest, record.response_digest, record.body,
-            record.payload, record.fields_json(), record.cache, record.size)
+    return finished(row(record.at, record.origin, record.path,
+                        (record.fingerprint_id, record.request_digest, record.response_digest),
+                        record.body, record.payload, fields_json(record.fields), record.cache,
+                        record.indexed))
 
 
 def from_row(row: Sequence[Any]) -> Record:
     (rid, at, key, run, step, route, path, fp_id, req, resp, body, payload, fields, cache,
-     _size) = row
+     _size, lookup) = row
     return Record(at, Origin(route, key, run or None, step), path, fp_id, req, resp,
                   None if body is None else bytes(body), bytes(payload), json.loads(fields),
-                  cache, rid)
+                  cache, rid, lookup is not None)
 
 
 class Store(ABC):
@@ -95,20 +135,25 @@ class Store(ABC):
 
     def write(self, records: Sequence[Record]) -> None:
         """All of them or none (one transaction)."""
-        row = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+        self.write_rows([row_values(r) for r in records])
+
+    def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """`finished` rows, all of them or none (one transaction)."""
+        marks = "(" + ", ".join("?" * len(COLUMNS)) + ")"
         statements = []
-        for start in range(0, len(records), _INSERT_ROWS):
-            chunk = records[start:start + _INSERT_ROWS]
-            values = ", ".join([row] * len(chunk))
+        for start in range(0, len(rows), _INSERT_ROWS):
+            chunk = rows[start:start + _INSERT_ROWS]
+            values = ", ".join([marks] * len(chunk))
             sql = f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES {values}"
-            statements.append((self._sql(sql), [v for r in chunk for v in row_values(r)]))
+            statements.append((self._sql(sql), [v for r in chunk for v in r]))
         self._run_all(statements)
 
     def lookup(self, fingerprint_id: str, request_digest: str, path: str) -> Record | None:
         """The newest computed (not itself cached) answer to this request by this identity."""
-        rows = self.query(f"{_SELECT} WHERE fingerprint_id = ? AND request_digest = ? AND "
-                          "path = ? AND cache = '' ORDER BY id DESC LIMIT 1",
-                          (fingerprint_id, request_digest, path))
+        rows = self.query(f"{_SELECT} WHERE lookup = ? AND fingerprint_id = ? AND "
+                          "request_digest = ? AND path = ? AND cache = '' ORDER BY id DESC "
+                          "LIMIT 1", (lookup_key(fingerprint_id, request_digest, path),
+                                      fingerprint_id, request_digest, path))
         return from_row(rows[0]) if rows else None
 
     def records(self, selection: Selection, limit: int = 1000, after: int = 0) -> list[Record]:

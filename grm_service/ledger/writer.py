@@ -1,8 +1,9 @@
 """Batched writes off the event loop.
 
-Answers are appended to a buffer (a list append on the loop); every `flush_interval_s` the buffer
-is handed to the writer's one thread, which encodes the records and commits them in one
-transaction. A SIGKILL therefore loses at most the records answered within the last interval
+Answers are appended to a buffer as rows (`store.row`: a tuple append on the loop); every
+`flush_interval_s` the buffer is handed to the writer's one thread, which finishes the rows
+(joins the bodies, encodes the rare payload the engine did not send as bytes) and commits them
+in one transaction. A SIGKILL therefore loses at most the records answered within the last interval
 (plus the batch being committed), and a commit is all or nothing.
 
 The store failing (a full disk, PostgreSQL unreachable) never fails or slows an answer: the
@@ -25,15 +26,14 @@ from typing import Any
 from prometheus_client import Counter
 
 from grm_service.errors import LedgerUnavailable
-from grm_service.ledger.records import Record
-from grm_service.ledger.store import Store
+from grm_service.ledger.store import Store, finished
 
 log = logging.getLogger(__name__)
 
 _LOG_EVERY_S = 60.0
 _PRUNE_EVERY_S = 30.0
-# A record as the request path leaves it: the encoding is the writer thread's work.
-Pending = Callable[[], Record]
+# A record as the request path leaves it (`store.row`): `store.finished` is the writer's work.
+Pending = tuple[Any, ...]
 
 
 class Writer:
@@ -82,7 +82,7 @@ class Writer:
         try:
             store = self._store = self._store or self._open_store()
             if batch:
-                store.write([pending() for pending in batch])
+                store.write_rows([finished(pending) for pending in batch])
                 self._written.inc(len(batch))
             if time.monotonic() - self._pruned_at >= _PRUNE_EVERY_S:
                 self._pruned_at = time.monotonic()

@@ -276,12 +276,16 @@ async def forward(
     # Once: the routing key and the request digest share it. Inline images are long strings.
     raw: Body = (canonical_parts(body, lifted) if inline
                  else [canonical_json(body)])
-    if gw.ledger is None or origin is None:
+    ledger = gw.ledger
+    if ledger is None or origin is None:
         return await _send(gw, path, body, raw, pin, audit)
-    forwarded, how = await gw.ledger.answer(
+    if not ledger.may_answer(origin, pinned=pin is not None):
+        forwarded = await _send(gw, path, body, raw, pin, audit)
+        ledger.record(path, raw, origin, forwarded)
+        return forwarded
+    forwarded, how = await ledger.answer(
         path, raw, origin, functools.partial(_expected_id, gw, body),
-        lambda: _send(gw, path, body, raw, pin, audit), functools.partial(served, gw),
-        cacheable=pin is None)  # pinned: that replica, no record
+        lambda: _send(gw, path, body, raw, pin, audit), functools.partial(served, gw))
     if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
         _audit(gw, gw.auditor, path, body, None, forwarded)
     return forwarded

@@ -56,7 +56,12 @@ def served(payload: dict[str, Any], fields: dict[str, Any]) -> Forwarded:
 
 async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
               path: str = "/v1/chat/completions", cacheable: bool = True) -> tuple[Forwarded, str]:
-    return await book.answer(path, RAW, origin, lambda: expected, compute, served, cacheable)
+    """What `proxy.forward` does: `cacheable` False is a request pinned to a replica."""
+    if not book.may_answer(origin, pinned=not cacheable):
+        answer = await compute()
+        book.record(path, RAW, origin, answer)
+        return answer, ""
+    return await book.answer(path, RAW, origin, lambda: expected, compute, served)
 
 
 @pytest.fixture

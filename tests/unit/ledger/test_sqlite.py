@@ -62,3 +62,17 @@ def test_a_reader_opens_without_creating(tmp_path: Path) -> None:
     with pytest.raises(LedgerUnavailable):
         SqliteStore(tmp_path / "absent.sqlite", readonly=True)
     assert not (tmp_path / "absent.sqlite").exists()
+
+
+def test_a_lookup_reads_the_lookup_index(tmp_path: Path) -> None:
+    """The index is partial (only what the cache may answer): SQLite uses it only where the
+    query's terms imply its condition. The plan of the statement `lookup` runs, as run."""
+    store = SqliteStore(tmp_path / "l.sqlite")
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.lookup("grm-1", "req1", "/v1/chat/completions")
+    store._db.set_trace_callback(None)
+    [select] = [sql for sql in statements if sql.startswith("SELECT")]
+    plan = store._db.execute("EXPLAIN QUERY PLAN " + select).fetchall()
+    store.close()
+    assert any("ledger_lookup" in str(row) for row in plan), plan
