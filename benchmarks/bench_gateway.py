@@ -10,6 +10,8 @@ percentiles, and CPU seconds per request of the contender process, the stubs and
     .venv/bin/python benchmarks/bench_gateway.py --gateway-workers 1 2  # serve --workers 1, 2
     .venv/bin/python benchmarks/bench_gateway.py --contenders grm-service grm-service-noledger \
         --concurrency 64 --out ledger-cost            # what recording every answer costs
+    .venv/bin/python benchmarks/bench_gateway.py --contenders direct --gateway-workers 1 4 \
+        --replicas 1 --stub-delay 0.1 --concurrency 512   # below saturation: waits in the gate
 
 Writes benchmarks/results/gateway.json (every run) and gateway.md (the summary tables).
 """
@@ -83,10 +85,12 @@ def _start_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
     return Contender(f"grm-service-x{n}", [p.url for p in started], started)
 
 
-def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
-    """`serve --workers N`: one port, one replica set; CPU counts every worker (descendants)."""
+def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
+                           src: Path | None) -> Contender:
+    """`serve --workers N`: one port, one replica set; CPU counts every worker (descendants).
+    `src`: a folder holding another `grm_service` to run instead of the checkout's."""
     name = f"grm-service-w{n}"
-    proc = procs.start_grm(f, backends, name, extra=["--workers", str(n)])
+    proc = procs.start_grm(f, backends, name, src, extra=["--workers", str(n)])
     return Contender(name, [proc.url], [proc])
 
 
@@ -143,6 +147,28 @@ def summarize(runs: list[Run], contenders: list[str]) -> str:
     return "\n".join(out)
 
 
+def paired(runs: list[Run], ref: str) -> str:
+    """Each contender against `ref` within each round (the two ran back to back): the ratio of
+    req/s and the difference of proxy CPU, median [min-max] over the rounds. Steadier than a
+    ratio of medians on a machine whose pace drifts between rounds."""
+    out = [f"\n### paired with {ref}, per round\n",
+           f"| c | contender | req/s / {ref}'s | proxy CPU - {ref}'s, us/req |",
+           "|---|---|---|---|"]
+    for c in sorted({r.concurrency for r in runs}):
+        base = {r.round: r for r in runs if r.concurrency == c and r.contender == ref}
+        names = dict.fromkeys(r.contender for r in runs if r.contender != ref)
+        for name in names:
+            pairs = [(r, base[r.round]) for r in runs if r.concurrency == c
+                     and r.contender == name and r.round in base and base[r.round].rps > 0]
+            if not pairs:
+                continue
+            ratio = [a.rps / b.rps for a, b in pairs]
+            cpu = [a.proxy_cpu_us - b.proxy_cpu_us for a, b in pairs]
+            out.append(f"| {c} | {name} | {_med(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}] "
+                       f"| {_med(cpu):+.0f} [{min(cpu):+.0f} to {max(cpu):+.0f}] |")
+    return "\n".join(out)
+
+
 def resummarize(path: Path) -> None:
     data = json.loads(path.read_text())
     runs = [Run(**r) for r in data["runs"]]
@@ -156,6 +182,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--stub-delay", type=float, default=0.0, metavar="S",
+                        help="each stub answers after S seconds: a replica the gateway does not "
+                        "saturate (with c above GRM_MAX_INFLIGHT_PER_REPLICA, requests wait in "
+                        "its gate)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
@@ -169,6 +199,10 @@ def main() -> None:
                         help="also run N independent grm-service processes, load split")
     parser.add_argument("--gateway-workers", type=int, nargs="*", default=[], metavar="N",
                         help="also run grm-service with --workers N (contender grm-service-wN)")
+    parser.add_argument("--pair-with", default=None, metavar="NAME",
+                        help="also compare every contender with NAME round by round")
+    parser.add_argument("--workers-src", type=Path, default=None, metavar="DIR",
+                        help="run --gateway-workers from DIR/grm_service (an older tree)")
     parser.add_argument("--out", default="gateway")
     parser.add_argument("--resummarize", type=Path, default=None, metavar="JSON",
                         help="only rebuild the tables of an earlier run's JSON")
@@ -182,7 +216,7 @@ def main() -> None:
     failed: dict[str, str] = {}
     started = time.time()
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
+        stubs = [procs.start_stub(f, i, args.stub_delay) for i in range(args.replicas)]
         backends = [s.url for s in stubs]
         contenders = [Contender("direct", backends, [])] if "direct" in names else []
         for name in names:
@@ -196,7 +230,7 @@ def main() -> None:
         for n in args.workers:
             contenders.append(_start_workers(f, n, backends))
         for n in args.gateway_workers:
-            contenders.append(_start_gateway_workers(f, n, backends))
+            contenders.append(_start_gateway_workers(f, n, backends, args.workers_src))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
             for conc in args.concurrency:
@@ -211,9 +245,12 @@ def main() -> None:
     present = ([c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
                + [f"grm-service-w{n}" for n in args.gateway_workers])
     table = summarize(runs, present)
+    if args.pair_with:
+        table += "\n" + paired(runs, args.pair_with)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
-            "replicas": args.replicas, "rounds": args.rounds, "duration_s": args.duration,
+            "replicas": args.replicas, "stub_delay_s": args.stub_delay, "rounds": args.rounds,
+            "duration_s": args.duration,
             "wall_s": round(time.time() - started), "failed": failed,
             "argv": " ".join(sys.argv)}
     RESULTS.mkdir(exist_ok=True)

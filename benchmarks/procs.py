@@ -95,6 +95,9 @@ class Proc:
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
 
+    def stop(self) -> None:
+        _stop(self.popen)
+
     def tail(self, n: int = 20) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

@@ -29,8 +29,10 @@ the process's locks).
 Waiting, without polling: locks are only ever tried without blocking (a waiting request stays
 cancellable by the queue timeout and never blocks the event loop). A request that must wait
 parks on an event (wakeups.py), after counting itself in its worker's *waiters* slot of the
-replica; whoever frees something on the replica (a count, the hold or intent byte) then reads the
-waiters and wakes those workers. Both the waiter's count and the freer's read are made under the
+replica (an exclusive request in its *writers* slot too); whoever frees something on the replica
+(a count, the hold or intent byte) then reads the waiters and wakes those workers, except that a
+reader's momentary hold of the intent byte, which every request takes, wakes only the writers:
+nothing else waits for that byte. Both the waiter's count and the freer's read are made under the
 replica's count lock, and the waiter tries again after counting itself, so a wake-up cannot be
 lost: either the freer sees the waiter, or the waiter's next try sees what was freed. (A reader's
 momentary look at the intent byte reads the waiters without the lock: every step involved there is
@@ -54,7 +56,10 @@ _UNBOUNDED = 1 << 30
 # Replica slots in the count map (a sparse file: only the pages used take memory).
 MAX_REPLICAS = 4096
 _BYTES_PER_REPLICA = 3  # lock bytes: hold, intent, count
-_HOLDERS, _WAITERS = 0, 1  # the two tables of the count map, each [replica][worker]
+# The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
+# ones waiting for exclusive (the only ones a reader's glance at the intent byte can block).
+_HOLDERS, _WAITERS, _WRITERS = 0, 1, 2
+_TABLES = 3
 
 
 def _counts_path(gates: Path) -> Path:
@@ -70,7 +75,7 @@ class Counts:
         self.worker, self.workers = worker, workers
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            size = 2 * MAX_REPLICAS * workers * 8
+            size = _TABLES * MAX_REPLICAS * workers * 8
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size)
@@ -83,7 +88,7 @@ class Counts:
         return (table * MAX_REPLICAS + replica) * self.workers + worker
 
     def zero(self, worker: int) -> None:
-        for table in (_HOLDERS, _WAITERS):
+        for table in range(_TABLES):
             for replica in range(MAX_REPLICAS):
                 self._slots[self._at(table, replica, worker)] = 0
 
@@ -94,16 +99,22 @@ class Counts:
     def add(self, replica: int, delta: int) -> None:
         self._slots[self._at(_HOLDERS, replica, self.worker)] += delta
 
-    def park(self, replica: int, delta: int) -> None:
+    def park(self, replica: int, delta: int, exclusive: bool) -> None:
         self._slots[self._at(_WAITERS, replica, self.worker)] += delta
+        if exclusive:
+            self._slots[self._at(_WRITERS, replica, self.worker)] += delta
 
-    def parked_elsewhere(self, replica: int) -> list[int]:
-        """The other workers with a task waiting on `replica` (on every release: kept cheap)."""
-        base = self._at(_WAITERS, replica, 0)
+    def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
+        """The other workers with a task waiting on `replica` (on every release: kept cheap);
+        `table` _WRITERS: those waiting for exclusive only."""
+        base = self._at(table, replica, 0)
         row = self._slots[base:base + self.workers].tolist()
         if not any(row):
             return []
         return [w for w, parked in enumerate(row) if parked and w != self.worker]
+
+    def writers_elsewhere(self, replica: int) -> list[int]:
+        return self.parked_elsewhere(replica, _WRITERS)
 
     def release_one(self, replica: int) -> list[int]:
         """Give back one shared slot; the other workers waiting on `replica` (call it under the
@@ -195,7 +206,7 @@ class SharedGate(Gate):
                 await self._lock_exclusive()
             elif self._locking.locked() or not self._try_shared():  # else: no wait, no queue
                 async with self._locking:
-                    await self._until(self._try_shared)
+                    await self._until(self._try_shared, exclusive=False)
         except BaseException:  # the queue timeout cancelled the wait: give the local slot back
             await self._local.release(exclusive)
             raise
@@ -204,7 +215,7 @@ class SharedGate(Gate):
         try:
             if self._counting.locked() or not self._take_count(capacity):
                 async with self._counting:
-                    await self._until(lambda: self._take_count(capacity))
+                    await self._until(lambda: self._take_count(capacity), exclusive=False)
         except BaseException:
             await self.release(False, counted=False)
             raise
@@ -225,11 +236,12 @@ class SharedGate(Gate):
             self._changed()
         await self._local.release(exclusive)
 
-    async def _until(self, attempt: Callable[[], bool]) -> None:
-        """Until `attempt()` succeeds, woken by every change to the replica (module doc)."""
+    async def _until(self, attempt: Callable[[], bool], exclusive: bool) -> None:
+        """Until `attempt()` succeeds, woken by every change to the replica (module doc);
+        `exclusive`: the attempt is an exclusive request's."""
         if attempt():
             return
-        self._park(1)
+        self._park(1, exclusive)
         try:
             while True:
                 woken = self._wakeups.event()
@@ -237,13 +249,13 @@ class SharedGate(Gate):
                     return
                 await woken.wait()
         finally:
-            self._park(-1)
+            self._park(-1, exclusive)
 
-    def _park(self, delta: int) -> None:
+    def _park(self, delta: int, exclusive: bool) -> None:
         self._parked += delta
         self._lock_counts()
         try:
-            self._counts.park(self._index, delta)
+            self._counts.park(self._index, delta, exclusive)
         finally:
             self._unlock(self._count_lock)
 
@@ -298,9 +310,9 @@ class SharedGate(Gate):
 
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
-        await self._until(lambda: self._lock(self._intent, exclusive=True))
+        await self._until(lambda: self._lock(self._intent, exclusive=True), exclusive=True)
         try:
-            await self._until(lambda: self._lock(self._hold, exclusive=True))
+            await self._until(lambda: self._lock(self._hold, exclusive=True), exclusive=True)
         finally:
             self._unlock(self._intent)
             self._changed()
@@ -313,9 +325,12 @@ class SharedGate(Gate):
 
     def _unlock_intent_glance(self) -> None:
         """End a reader's momentary shared hold of the intent byte: a writer whose try met it
-        waits for the byte (see the module doc for why no lock is needed to read the waiters)."""
+        waits for the byte (see the module doc for why no lock is needed to read the waiters).
+        Only writers: every request takes this glance, and waking the tasks that wait for a
+        shared slot too cost every parked worker a retry per request (benchmarks/gpu/RESULTS.md,
+        workers below saturation)."""
         self._unlock(self._intent)
-        if elsewhere := self._counts.parked_elsewhere(self._index):
+        if elsewhere := self._counts.writers_elsewhere(self._index):
             self._wakeups.wake(elsewhere)
 
     def _lock(self, byte: int, exclusive: bool) -> bool:

@@ -253,3 +253,66 @@ def test_a_waiter_sleeps_until_a_dead_holder_is_released(tmp_path: Path, exclusi
         gates.close()
         holder.kill()
         holder.join(10)
+
+
+def _requests_beside_a_held_slot(path: str, ready: str, go: str, requests: int) -> None:
+    """Worker 0: holds one shared slot throughout, and meanwhile serves `requests` shared
+    requests one after another (each one's start glances at the intent byte)."""
+    gate = GateFile(Path(path), 0, 2).gate(0)
+
+    async def serve() -> None:
+        await gate.acquire(False)
+        Path(ready).touch()
+        while not Path(go).exists():
+            await asyncio.sleep(0.01)
+        for _ in range(requests):
+            async with gate.slot(False):
+                await asyncio.sleep(0.003)
+            await asyncio.sleep(0.003)
+        await gate.release(False)
+
+    asyncio.run(serve())
+
+
+def test_a_request_start_does_not_wake_a_worker_waiting_for_a_slot(tmp_path: Path) -> None:
+    """Below saturation every request starts and ends beside parked waiters: the end frees a
+    slot (a waiter for one retries, rightly), the start frees nothing a slot waiter wants, so
+    it wakes none. Each wake-up is a retry in every parked worker (a herd with N workers)."""
+    lock, ready, go = tmp_path / "gates", tmp_path / "ready", tmp_path / "go"
+    requests = 100
+    other = _SPAWN.Process(target=_requests_beside_a_held_slot,
+                           args=(str(lock), str(ready), str(go), requests))
+    other.start()
+    deadline = time.monotonic() + _START_S
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "worker 0 never held its slot"
+    gates = GateFile(lock, 1, 2)
+    wakeups = gates._wakeups
+    received = wakeups._received
+    calls = [0]
+
+    def counted() -> None:
+        calls[0] += 1
+        received()
+
+    wakeups._received = counted  # type: ignore[method-assign]  # before the loop reads it
+
+    async def wait_for_the_slot() -> None:
+        gate = gates.gate(0)
+        waiting = asyncio.create_task(gate.acquire(False, 1))  # worker 0 holds the one slot
+        await asyncio.sleep(0.1)
+        go.touch()
+        async with asyncio.timeout(60):
+            await waiting
+        await gate.release(False)
+
+    try:
+        asyncio.run(wait_for_the_slot())
+    finally:
+        gates.close()
+        other.join(10)
+    assert other.exitcode == 0
+    # About one wake-up per request's end (fewer where two came in one read); the starts had
+    # woken as many again (201 of 100 requests before they stopped).
+    assert 0 < calls[0] <= requests * 1.3, calls[0]
