@@ -22,6 +22,14 @@ _HOLD_S = 0.01
 _START_S = 120.0
 
 
+def _await_file(path: Path, what: str) -> None:
+    """Until another process has made `path` (it signals that it got that far)."""
+    deadline = time.monotonic() + _START_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), what
+
+
 async def _hold_many(gate: Gate, exclusive: bool, tasks: int, rounds: int,
                      capacity: int = 64) -> list[list[float]]:
     spans: list[list[float]] = []
@@ -148,10 +156,7 @@ def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Pat
     stream = _SPAWN.Process(target=_stream_shared, args=(lock, str(stop), str(running)))
     stream.start()
     try:
-        deadline = time.monotonic() + _START_S
-        while not running.exists() and time.monotonic() < deadline:  # the stream is running
-            time.sleep(0.05)
-        assert running.exists(), "the shared stream never started"
+        _await_file(running, "the shared stream never started")  # the stream is running
         gates = GateFile(Path(lock), 0, 2)
         try:
             assert asyncio.run(_acquire_within(gates.gate(0), True, 5))
@@ -225,10 +230,7 @@ def test_a_waiter_sleeps_until_a_dead_holder_is_released(tmp_path: Path, exclusi
     holder = _SPAWN.Process(target=_hold_exclusive_forever,
                             args=(str(lock), str(ready), exclusive, 1))
     holder.start()
-    deadline = time.monotonic() + _START_S
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ready.exists(), "the holder never held"
+    _await_file(ready, "the holder never held")
     gates = GateFile(lock, 1, 2)
 
     async def wait_then_release() -> float:
@@ -283,10 +285,7 @@ def test_a_request_start_does_not_wake_a_worker_waiting_for_a_slot(tmp_path: Pat
     other = _SPAWN.Process(target=_requests_beside_a_held_slot,
                            args=(str(lock), str(ready), str(go), requests))
     other.start()
-    deadline = time.monotonic() + _START_S
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ready.exists(), "worker 0 never held its slot"
+    _await_file(ready, "worker 0 never held its slot")
     gates = GateFile(lock, 1, 2)
     wakeups = gates._wakeups
     received = wakeups._received
