@@ -12,8 +12,8 @@ from grm_service.errors import BadTag
 from grm_service.fingerprint import digest
 from grm_service.headers import RUN_HEADER, STEP_HEADER
 
-# msgspec, not json.dumps: a fifth of the writer's time per record went to `json.dumps` building
-# an encoder each call (benchmarks/bench_ledger_store.py). The stored text reads back the same.
+# msgspec, not json.dumps: nearly half of the writer's time per record went to `json.dumps`
+# building an encoder each call (benchmarks/RESULTS.md, issue 20). The text reads back the same.
 _FIELDS_JSON = msgspec.json.Encoder()
 _ROW_BYTES = 400  # what a record's columns take besides its body and payload, about
 _MAX_RUN = 200

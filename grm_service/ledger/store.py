@@ -62,7 +62,7 @@ def lookup_key(fingerprint_id: str, request_digest: str, path: str) -> int:
     """The cache's key as one signed 64-bit integer, the lookup index's only column.
 
     An index on the text columns themselves took each write to a random leaf page of an index
-    ten times this size (benchmarks/bench_ledger_store.py); a lookup still compares the three
+    several times this size (benchmarks/bench_ledger_store.py); a lookup still compares the three
     columns, so two keys that share this integer are told apart."""
     raw = "\x1f".join((fingerprint_id, request_digest, path)).encode()
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
@@ -100,9 +100,9 @@ def row_values(record: Record) -> tuple[Any, ...]:
                         record.indexed))
 
 
-def from_row(row: Sequence[Any]) -> Record:
+def from_row(values: Sequence[Any]) -> Record:
     (rid, at, key, run, step, route, path, fp_id, req, resp, body, payload, fields, cache,
-     _size, lookup) = row
+     _size, lookup) = values
     return Record(at, Origin(route, key, run or None, step), path, fp_id, req, resp,
                   None if body is None else bytes(body), bytes(payload), json.loads(fields),
                   cache, rid, lookup is not None)
