@@ -12,6 +12,8 @@ from typing import Any
 from grm_service.commands.diffing import load_results
 from grm_service.config import Settings
 from grm_service.gateway.request.proxy import Gateway
+from grm_service.ledger.location import open_store
+from grm_service.ledger.store import Selection
 from tests.support.gateway import client, received, serving
 from tests.support.procs import Proc, start_stub
 
@@ -99,6 +101,30 @@ async def test_a_repeated_score_batch_is_answered_from_the_ledger(stub: Proc,
     assert "x-grm-cache" not in chat_again.headers and chat.status_code == 200
     assert 'grm_ledger_cache_total{outcome="hit"} 2.0' in metrics
     assert 'grm_ledger_cache_total{outcome="miss"} 2.0' in metrics
+
+
+async def test_only_what_the_cache_may_answer_is_in_its_lookup_index(stub: Proc,
+                                                                     tmp_path: Path) -> None:
+    """Through the request path: computed score items are indexed (the cache looks them up,
+    after a restart too), their hits and chat's answers are not (chat's cache is off)."""
+    body = {"scorer": "length", "items": ITEMS}
+    async with serving(settings(stub, tmp_path)) as (hot, gw), client(hot) as api:
+        for _ in range(2):
+            await api.post("/v1/score", json=body)
+        await api.post("/v1/chat/completions", json={"messages": MSGS})
+        await flushed(gw)
+    store = open_store(str(tmp_path / "ledger.sqlite"))
+    try:
+        kept = [(r.origin.route, r.cache, r.indexed) for r in store.records(Selection())]
+    finally:
+        store.close()
+    assert kept == [("/v1/score", "", True)] * 2 + [("/v1/score", "hit", False)] * 2 + [
+        ("/v1/chat/completions", "", False)]
+    async with serving(settings(stub, tmp_path)) as (hot, _), client(hot) as api:
+        await received(stub.url)
+        again = (await api.post("/v1/score", json=body)).json()
+        assert await received(stub.url) == []  # the new process found them in the store
+    assert all(r["fingerprint"]["cache"] == "hit" for r in again["results"])
 
 
 async def test_chat_cache_on_serves_the_recorded_bytes(stub: Proc, tmp_path: Path) -> None:
