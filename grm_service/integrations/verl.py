@@ -27,7 +27,7 @@ acceptable answers) gives the reference: its first answer, all of them in `extra
 
 from __future__ import annotations
 
-import functools
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,15 +43,42 @@ from grm_service.integrations.common import (
     references,
     reward_or,
 )
-from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
+from grm_service.integrations.microbatch import WAIT_S, batcher
+from grm_service.integrations.microbatch import close_clients as close_loop_clients
 from grm_service.scoring.models import ItemResult, ScoreItem
 
-__all__ = ["close_clients", "compute_score", "compute_score_batch"]
+__all__ = ["close_batch_clients", "close_clients", "compute_score", "compute_score_batch"]
 
 
-@functools.cache
+# The batch form's clients, one per endpoint, shared by every thread (httpx.Client is
+# thread-safe: verl's thread-pool calls share it); like the loops' clients, module state, since
+# verl calls plain functions.
+_BATCH_CLIENTS: dict[Endpoint, GrmClient] = {}
+_BATCH_LOCK = threading.Lock()
+
+
 def _sync_client(where: Endpoint) -> GrmClient:
-    return where.client()  # httpx.Client is thread-safe: verl's thread-pool calls share it
+    with _BATCH_LOCK:
+        client = _BATCH_CLIENTS.get(where)
+        if client is None:
+            client = _BATCH_CLIENTS[where] = where.client()
+        return client
+
+
+def close_batch_clients() -> None:
+    """Close the clients `compute_score_batch` calls share (verl never needs to: they live as
+    long as its reward workers); a later call opens a new one."""
+    with _BATCH_LOCK:
+        clients = list(_BATCH_CLIENTS.values())
+        _BATCH_CLIENTS.clear()
+    for client in clients:
+        client.close()
+
+
+async def close_clients() -> None:
+    """Close every client this module's calls share: this event loop's and the batch form's."""
+    await close_loop_clients()
+    close_batch_clients()
 
 
 def to_item(

@@ -6,7 +6,8 @@ probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--gar
 html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers,
 writing `hang: holding <method> <path>` to stderr; SIGTERM ends it within a second).
 With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
-/stub/received` to clear), so a test can assert what reached an engine, or that nothing did.
+/stub/received` to clear), so a test can assert what reached an engine, or that nothing did;
+`GET /stub/received?at=1` adds when each arrived (`time.time()`), to order it against a log.
 `GET /stub/overlap` tells the most requests it held at once (`DELETE` starts over) and how many
 it holds now: with `--delay`, a test can see whether requests that must run alone ever
 overlapped. After `POST /stub/hold`, chat completions wait until `POST /stub/release`, so a
@@ -23,6 +24,7 @@ import hashlib
 import json
 import socket
 import sys
+import time
 from collections import deque
 from typing import Any
 
@@ -69,7 +71,7 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
 
     def keep(path: str, raw: bytes) -> None:
         if record:
-            received.append({"path": path, "body": json.loads(raw)})
+            received.append({"path": path, "body": json.loads(raw), "at": time.time()})
 
     async def health(_: Request) -> Response:
         return Response(status_code=500 if fail else 200)
@@ -97,7 +99,9 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     async def seen(request: Request) -> JSONResponse:
         if request.method == "DELETE":
             received.clear()
-        return JSONResponse(list(received) if record else [])
+        timed = request.query_params.get("at") == "1"
+        return JSONResponse([item if timed else {k: v for k, v in item.items() if k != "at"}
+                             for item in received])
 
     async def overlap(request: Request) -> JSONResponse:
         if request.method == "DELETE":

@@ -60,6 +60,7 @@ async def test_verl_per_sample_and_batched(service: Proc) -> None:
                                       url=service.url, scorer="judge", error_score=-1.0)
     assert judged == verl.compute_score_batch(["s"] * 3, ANSWERS, LABELS, [None] * 3,
                                               url=service.url, scorer="judge", error_score=-1.0)
+    verl.close_batch_clients()  # its sockets, not left to the collector
 
 
 async def test_trl_sync_and_async_reward_functions(service: Proc) -> None:

@@ -13,6 +13,7 @@ starts it with this module)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -37,6 +38,7 @@ from tests.support.procs import Proc, descendants, free_port, pids_alive, runnin
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.engine
+log = logging.getLogger(__name__)
 
 PROMPTS = ["Name a colour.", "Count to five.", "Say something about rivers."]
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 16, "logprobs": True}
@@ -141,6 +143,39 @@ class TwoNodes:
     second: subprocess.Popen[bytes]
 
 
+def start_both(tmp: Path, env: dict[str, str], port: int, ray_tmp: Path
+               ) -> dict[str, subprocess.Popen[bytes]]:
+    """The head and the second node, each started again while it exits before the cluster has
+    both: `ray start` gives its raylet 30 s (a constant in Ray) to register with the GCS, and on
+    a loaded machine a node can miss that and exit."""
+    address = f"127.0.0.1:{port}"
+    argv = {"head": ["--head", "--port", str(port), "--num-cpus", "2",
+                     "--include-dashboard=false", "--temp-dir", str(ray_tmp)],
+            "node2": ["--address", address, "--num-cpus", "1",
+                      "--object-store-memory", str(200 << 20)]}
+    nodes: dict[str, subprocess.Popen[bytes]] = {}
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            for name, args in argv.items():
+                if name in nodes and nodes[name].poll() is None:
+                    continue
+                if name in nodes:
+                    log.warning("Ray's %s exited while starting: started again", name)
+                    kill_group(nodes[name])  # whatever it left in its group
+                nodes[name] = ray_start(tmp, name, env, *args)
+                if name == "head":
+                    wait_port(port, 60)
+            if cluster_nodes(address, env) >= 2:
+                return nodes
+            assert time.monotonic() < deadline, (tmp / "node2.log").read_text()
+            time.sleep(2)
+    except BaseException:
+        for popen in reversed(nodes.values()):
+            kill_group(popen)
+        raise
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp: Path, attach_outputs: list[dict[str, Any]]) -> Iterator[TwoNodes]:
     """A head (2 CPUs) and a second raylet (1 CPU, its own object store), each in its own process
@@ -150,23 +185,14 @@ def two_nodes(tmp: Path, attach_outputs: list[dict[str, Any]]) -> Iterator[TwoNo
     # Ray's socket paths live under its temp dir and must fit AF_UNIX's 107 bytes: pytest's own
     # temp dirs (one more level per xdist worker) are too deep.
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    head = ray_start(tmp, "head", env, "--head", "--port", str(port), "--num-cpus", "2",
-                     "--include-dashboard=false", "--temp-dir", str(ray_tmp))
-    second = None
     try:
-        wait_port(port, 60)
-        address = f"127.0.0.1:{port}"
-        second = ray_start(tmp, "node2", env, "--address", address, "--num-cpus", "1",
-                           "--object-store-memory", str(200 << 20))
-        deadline = time.monotonic() + 120
-        while cluster_nodes(address, env) < 2:
-            assert time.monotonic() < deadline, (tmp / "node2.log").read_text()
-            time.sleep(2)
-        yield TwoNodes(address, env, second)
+        nodes = start_both(tmp, env, port, ray_tmp)
+        try:
+            yield TwoNodes(f"127.0.0.1:{port}", env, nodes["node2"])
+        finally:
+            kill_group(nodes["node2"])
+            kill_group(nodes["head"])
     finally:
-        if second is not None:
-            kill_group(second)
-        kill_group(head)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 

@@ -74,7 +74,7 @@ async def test_verl_functions_need_the_key(gateway: Proc, monkeypatch: pytest.Mo
                                      [{"question": p} for p in PROMPTS], **keyed)
     fingerprint = httpx.get(gateway.url + "/v1/fingerprint",
                             headers={"authorization": f"Bearer {KEY}"}).json()
-    await verl.close_clients()
+    await verl.close_clients()  # both forms': their sockets, not left to the collector
     assert one["score"] == 1.0 and one["grm_error"] == 0.0
     assert one["grm_fingerprint"] == fingerprint["fingerprint_id"]
     assert [b["score"] for b in batch][:2] == [1.0, -1.0]

@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -312,6 +313,12 @@ def _seeds(stub: Proc) -> list[int]:
     return [r["body"]["seed"] for r in httpx.get(stub.url + "/stub/received").json()]
 
 
+def _started_at(log: str, worker: int) -> list[float]:
+    """When each process of `worker` was started, by the gateway's log."""
+    stamp = re.compile(rf"^(\S+ \S+) INFO \S+: worker {worker} started \(pid \d+\)$", re.M)
+    return [datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() for t in stamp.findall(log)]
+
+
 def test_a_dead_workers_shared_counts_are_released_at_once(tmp_path: Path) -> None:
     """One slot on the replica (GRM_MAX_INFLIGHT_PER_REPLICA=1), taken by a request in worker
     A; worker B's request waits for it. A is SIGKILLed: B's request goes through before A's
@@ -319,26 +326,35 @@ def test_a_dead_workers_shared_counts_are_released_at_once(tmp_path: Path) -> No
     stub = start_stub(tmp_path, "--record", "100")
     gw = _gateway(tmp_path, [stub], "--serialize", "off", GRM_MAX_INFLIGHT_PER_REPLICA="1",
                   GRM_AUDIT_FRACTION="0")
+    opened = contextlib.ExitStack()
     try:
         workers = _both_workers(gw)
         httpx.delete(stub.url + "/stub/received")
         httpx.post(stub.url + "/stub/hold").raise_for_status()
         a, b = workers[0], workers[1]
-        first = _connection_to(gw, a, [b])
+        first = opened.enter_context(_connection_to(gw, a, [b]))
         _send_chat(first, 1)
         wait_until(lambda: httpx.get(stub.url + "/stub/overlap").json()["in_flight"] == 1,
                    "A's request held at the replica")
-        second = _connection_to(gw, b, [a])
+        second = opened.enter_context(_connection_to(gw, b, [a]))
         _send_chat(second, 2)
         os.kill(a, signal.SIGKILL)
         wait_until(lambda: 2 in _seeds(stub), "B's request at the replica")
-        assert gw.log.read_text().count("worker 0 started") == 1, "A's successor not yet started"
+        # Ordered by the clock, not by when this test looks: on a loaded machine the look can
+        # come after the successor's start (1 s after the death) though B's request did not.
+        (arrived,) = [r["at"] for r in httpx.get(stub.url + "/stub/received?at=1").json()
+                      if r["body"]["seed"] == 2]
+        started, *successor = _started_at(gw.log.read_text(), 0)
+        assert started < arrived
+        # a log's time is cut to the millisecond; no process releases anything in one
+        assert not successor or arrived < successor[0] + 0.001, (
+            f"B's request reached the replica {arrived - successor[0]:.3f} s after A's "
+            "successor started")
         httpx.post(stub.url + "/stub/release").raise_for_status()
         second.settimeout(DEADLINE_S)
         assert second.recv(65536).startswith(b"HTTP/1.1 200 ")
-        first.close()
-        second.close()
     finally:
+        opened.close()
         httpx.post(stub.url + "/stub/release")
         gw.stop()
         stub.stop()

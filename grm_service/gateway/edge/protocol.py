@@ -126,8 +126,7 @@ class EdgeProtocol(HttpToolsProtocol):
                                  f"is {limits.budget}: retry later", _RETRY))
         else:
             limits.in_flight += size  # `limits.take`, inlined: the room is checked above
-            if limits.in_flight > limits.peak:
-                limits.peak = limits.in_flight
+            limits.moved += size
             self._reserved.append(size)
             self._chunked = head.content_length < 0
             self._phase, self.deadline = _BODY, limits.now + limits.body_s
@@ -169,8 +168,9 @@ class EdgeProtocol(HttpToolsProtocol):
         limits, reserved = self.limits, self._reserved
         if reserved:
             limits.in_flight -= reserved.pop(0)  # `limits.give`, inlined
-            if limits.in_flight == 0 and limits.peak > limits.trim_after:
-                limits.trimmed()
+            if (limits.in_flight == 0 and limits.moved > limits.trim_after
+                    and not limits.trim_pending):
+                limits.quiet()
         if self._phase == _BUSY and not reserved:
             self._phase, self.deadline = _IDLE, limits.now + limits.idle_s
         elif self._phase == _BODY:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from grm_service.integrations import verl
-from grm_service.integrations.common import ScoringError
+from grm_service.integrations.common import ScoringError, endpoint
 
 
 def test_verl_sample_becomes_an_item() -> None:
@@ -49,3 +49,15 @@ async def test_verl_refuses_typos_and_keys_in_its_config() -> None:
     # What verl's reward managers add when they run a reward model of their own.
     assert {"reward_router_address", "reward_model_tokenizer"} <= set(params)
     assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+async def test_close_clients_closes_the_batch_forms_clients_too() -> None:
+    where = endpoint("http://x")
+    first = verl._sync_client(where)
+    assert verl._sync_client(where) is first  # one per endpoint, shared by every call
+    await verl.close_clients()
+    assert first._http.is_closed
+    again = verl._sync_client(where)
+    assert again is not first and not again._http.is_closed
+    verl.close_batch_clients()
+    assert again._http.is_closed
