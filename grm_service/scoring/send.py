@@ -19,14 +19,15 @@ def pooling_body(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def make_send(gw: Gateway, origin: Origin | None = None) -> Send:
-    """`origin`: the batch's asker, so that each item's answer is on the ledger."""
+    """`origin`: the batch's asker, so that each item's answer is on the ledger. The batch
+    was admitted (`Gateway.batch`): a drain begun since does not refuse its items."""
 
     async def send(path: str, body: dict[str, Any]) -> Reply:
         if path == CHAT_PATH:
-            forwarded = await forward(gw, path, prepare(body, gw.settings), origin=origin)
+            prepared = prepare(body, gw.settings)
         else:
             prepared = pooling_body(body, gw.settings.model_name)
-            forwarded = await forward(gw, path, prepared, origin=origin)
+        forwarded = await forward(gw, path, prepared, origin=origin, admitted=True)
         return forwarded.payload, forwarded.fingerprint
 
     return send

@@ -286,6 +286,17 @@ def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[
         f"before in {took:.0f} s")
 
 
+def wait_admitted(stack: Stack, batches: int) -> int:
+    """The score batches the gateway has begun (/ready): a batch sent is not yet in flight
+    until the gateway has read its head, which a loaded machine can take a while to do."""
+    deadline = time.monotonic() + 30
+    while True:
+        begun = int(httpx.get(stack.gateway + "/ready", timeout=10).json()["batches_in_flight"])
+        if begun >= batches or time.monotonic() > deadline:
+            return begun
+        time.sleep(0.05)
+
+
 def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
     # Batches long enough to be in flight when the stop begins, and short enough for the four
     # of them to drain in the gateway's 30 s: copies of the items, as many as make one batch
@@ -299,8 +310,9 @@ def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
     gateway = stack.container(GATEWAY_SERVICE)
     with ThreadPoolExecutor(4) as pool:
         flights = [pool.submit(score, stack, items, sampling) for _ in range(4)]
-        time.sleep(0.5)
+        admitted = wait_admitted(stack, len(flights))
         assert not any(f.done() for f in flights), "batches finished before the stop began"
+        assert admitted == len(flights), f"{admitted} of {len(flights)} batches begun"
         started = time.monotonic()
         stack.run(*stack.compose, "stop", timeout=STOP_GRACE_S + 60)
         took = time.monotonic() - started

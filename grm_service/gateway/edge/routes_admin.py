@@ -36,7 +36,8 @@ async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
          "in_flight": r.gate.inflight, "pid": r.pid, "detail": r.detail}
         for r in gw.pool.replicas
     ]
-    return JSONResponse({"ready": ok, "replicas": replicas}, status_code=status)
+    return JSONResponse({"ready": ok, "replicas": replicas, "batches_in_flight": gw.batches},
+                        status_code=status)
 
 
 @router.get("/metrics")

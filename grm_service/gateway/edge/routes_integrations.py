@@ -52,6 +52,7 @@ async def openrlhf_reward(
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
     # The trainer's tags come as headers (x-grm-run, x-grm-step), where its client sends them.
-    answer = await run_score(gw, request, Origin(SCORE_ROUTE, asker.key_id, asker.run,
-                                                 asker.step))
+    with gw.batch():
+        answer = await run_score(gw, request, Origin(SCORE_ROUTE, asker.key_id, asker.run,
+                                                     asker.step))
     return to_response(answer.results, error_reward)

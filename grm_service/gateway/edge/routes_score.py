@@ -54,8 +54,9 @@ async def score(request: Request, gw: GatewayDep, asker: OriginDep) -> Response:
     """Score a batch; results come back in input order, each with its fingerprint.
 
     The body is a `ScoreRequest` (schema: `score_body.add_score_schema`), read in chunks."""
-    req = await read_score_request(request, gw.settings.max_score_items)
-    answer = await run_score(gw, req, asker)
+    with gw.batch():  # from before its body is read: a batch begun before a stop finishes
+        req = await read_score_request(request, gw.settings.max_score_items)
+        answer = await run_score(gw, req, asker)
     # pydantic-core serializes in one pass; FastAPI's response_model path would validate and
     # encode every result again (seconds, on the event loop, for a batch of thousands).
     return Response(answer.model_dump_json(), media_type="application/json")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +77,7 @@ class Gateway:
     ledger: Ledger | None = None
     draining: bool = False
     queued: int = 0
+    batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
 
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
@@ -87,7 +90,21 @@ class Gateway:
 
     @property
     def inflight(self) -> int:
-        return self.queued + sum(r.gate.inflight for r in self.pool.replicas)
+        return self.batches + self.queued + sum(r.gate.inflight for r in self.pool.replicas)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """A batch of engine requests (`/v1/score`), from its start to its answer: refused
+        once the drain has begun, and after that counted in `inflight`, so that the drain
+        waits for all of its items, and its items' engine requests are never refused
+        (`forward(admitted=True)`): a batch begun before a stop is answered whole."""
+        if self.draining:
+            raise ServiceUnavailable("the service is shutting down", retry_after=5)
+        self.batches += 1
+        try:
+            yield
+        finally:
+            self.batches -= 1
 
     def count_tokens(self, payload: dict[str, Any]) -> None:
         """grm_tokens_total from the engine's `usage` (absent on some routes: nothing then)."""
@@ -266,11 +283,13 @@ def _engine_message(payload: Any) -> str:
 async def forward(
     gw: Gateway, path: str, body: dict[str, Any], pin: str | None = None, audit: bool = True,
     lifted: longstrings.Lifted | None = None, origin: Origin | None = None,
+    admitted: bool = False,
 ) -> Forwarded:
     """Check a prepared body, send it to its replica, fail over along the rendezvous order.
     `lifted`: the body's long strings as the client sent them (`longstrings.loads`). With an
-    `origin` (a client's request, not an audit's) the answer goes through the ledger."""
-    if gw.draining:
+    `origin` (a client's request, not an audit's) the answer goes through the ledger.
+    `admitted`: an item of a batch admitted before the drain (`Gateway.batch`)."""
+    if gw.draining and not admitted:
         raise ServiceUnavailable("the service is shutting down", retry_after=5)
     inline = await check(gw, path, body, lifted)
     # Once: the routing key and the request digest share it. Inline images are long strings.

@@ -6,12 +6,13 @@ completion with the reference without asking the model, `length` asks the stub f
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from grm_service.config import Settings
 from tests.support.gateway import client, received, serving
-from tests.support.procs import Proc
+from tests.support.procs import Proc, start_stub
 
 SCORERS = ["rule=tests.support.scoring:rule_score", "length=tests.support.scoring:length_score"]
 
@@ -71,3 +72,30 @@ async def test_classify_is_passed_through_with_a_fingerprint(stub: Proc, tmp_pat
     assert r.json()["grm_fingerprint"]["replica"] == r.headers["x-grm-replica"] == "r0"
     assert sent == {"path": "/classify", "body": {"input": "a good answer", "model": "rm"}}
     assert other.status_code == 400
+
+
+async def test_a_batch_begun_before_the_drain_is_answered_whole(tmp_path: Path) -> None:
+    """Two items at a time against a slow replica: most of the batch's engine requests start
+    after the drain has begun, and none is refused; a batch that comes after it is (503), and
+    the drain counts the begun batch in flight until it is answered."""
+    slow = start_stub(tmp_path, "--delay", "0.2")
+    items = [{"id": str(i), "completion": "x" * i} for i in range(6)]
+    try:
+        async with serving(settings(slow, tmp_path, score_concurrency=2)) as (hot, gw), \
+                client(hot.app) as api:
+            begun = asyncio.create_task(
+                api.post("/v1/score", json={"scorer": "length", "items": items}))
+            async with asyncio.timeout(10):
+                while gw.pool.replicas[0].gate.inflight == 0:
+                    await asyncio.sleep(0.01)
+            gw.draining = True
+            late = await api.post("/v1/score", json={"scorer": "length", "items": items[:1]})
+            counted = gw.inflight
+            answer = await begun
+            after = gw.inflight
+    finally:
+        slow.stop()
+    assert late.status_code == 503 and "shutting down" in late.text
+    assert answer.status_code == 200, answer.text
+    assert [r["status"] for r in answer.json()["results"]] == ["ok"] * 6
+    assert counted >= 1 and after == 0
