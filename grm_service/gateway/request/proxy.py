@@ -92,14 +92,18 @@ class Gateway:
     def inflight(self) -> int:
         return self.batches + self.queued + sum(r.gate.inflight for r in self.pool.replicas)
 
+    def refuse_if_draining(self) -> None:
+        """New work after the drain has begun: 503, Retry-After 5 s."""
+        if self.draining:
+            raise ServiceUnavailable("the service is shutting down", retry_after=5)
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """A batch of engine requests (`/v1/score`), from its start to its answer: refused
         once the drain has begun, and after that counted in `inflight`, so that the drain
         waits for all of its items, and its items' engine requests are never refused
         (`forward(admitted=True)`): a batch begun before a stop is answered whole."""
-        if self.draining:
-            raise ServiceUnavailable("the service is shutting down", retry_after=5)
+        self.refuse_if_draining()
         self.batches += 1
         try:
             yield
@@ -289,8 +293,8 @@ async def forward(
     `lifted`: the body's long strings as the client sent them (`longstrings.loads`). With an
     `origin` (a client's request, not an audit's) the answer goes through the ledger.
     `admitted`: an item of a batch admitted before the drain (`Gateway.batch`)."""
-    if gw.draining and not admitted:
-        raise ServiceUnavailable("the service is shutting down", retry_after=5)
+    if not admitted:
+        gw.refuse_if_draining()
     inline = await check(gw, path, body, lifted)
     # Once: the routing key and the request digest share it. Inline images are long strings.
     raw: Body = (canonical_parts(body, lifted) if inline
