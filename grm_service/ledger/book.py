@@ -38,6 +38,8 @@ from grm_service.metrics import Metrics
 T = TypeVar("T")
 # A record's answer and fingerprint, about, as the buffer holds them (the body apart).
 _RECORD_BYTES = 2048
+# Fingerprint texts kept (`_fields_text`): seeds are the client's to choose.
+_TEXTS = 4096
 SCORE_ROUTE = "/v1/score"
 CHAT_ROUTE = "/v1/chat/completions"
 
@@ -55,6 +57,7 @@ class Ledger:
         self._location = location
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="grm-ledger-reader")
         self.recent = Recent()
+        self._texts: dict[tuple[str, bool], str] = {}
         self.inflight = InFlight()
         self._closed = False
         self._outcomes = {how: metrics.ledger_cache.labels(outcome=how)
@@ -131,8 +134,24 @@ class Ledger:
         fields = answer.fields
         digests = (fields["fingerprint_id"], fields["request_digest"], fields["response_digest"])
         self.writer.add(row(time.time(), origin, path, digests, tuple(raw) if keep else None,
-                            answer.engine_json or answer.payload, fields_json(fields), how,
-                            indexed), size)
+                            answer.engine_json or answer.payload, self._fields_text(answer),
+                            how, indexed), size)
+
+    def _fields_text(self, answer: Answer) -> str:
+        """`fields_json` of the answer's fingerprint, rendered once per stamp: without the
+        columns' members, a computed answer's text is fixed by its stamp (`Forwarded.stamp_json`,
+        the replica's identity and the seed) and `serialized`, and one string shared by every
+        record that waits for its write is ~450 bytes fewer held per record."""
+        stamp = answer.stamp_json
+        if not stamp:
+            return fields_json(answer.fields)
+        key = (stamp, answer.fields["serialized"])
+        text = self._texts.get(key)
+        if text is None:
+            if len(self._texts) >= _TEXTS:
+                self._texts.clear()
+            text = self._texts[key] = fields_json(answer.fields)
+        return text
 
     async def read(self, query: Callable[[Store], T]) -> T:
         """Run `query` on the reader's thread, with its own connection (never the loop's)."""

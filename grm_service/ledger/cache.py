@@ -28,6 +28,11 @@ class Answer(Protocol):
     def engine_json(self) -> bytes:
         """The payload as the engine's bytes, where they are strict JSON of it; else b""."""
 
+    @property
+    def stamp_json(self) -> str:
+        """The fingerprint's fixed part as JSON (`answer.Stamp.json`), which fixes every field
+        but `serialized` and the digests; "" where the fields were not built from one."""
+
 
 A = TypeVar("A", bound=Answer)
 Compute = Callable[[], Awaitable[A]]

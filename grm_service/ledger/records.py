@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ from grm_service.headers import RUN_HEADER, STEP_HEADER
 # msgspec, not json.dumps: nearly half of the writer's time per record went to `json.dumps`
 # building an encoder each call (benchmarks/RESULTS.md, issue 20). The text reads back the same.
 _FIELDS_JSON = msgspec.json.Encoder()
+# The fingerprint's members kept as columns: `fields_json` leaves them out, `full_fields` puts
+# them back.
+IN_COLUMNS = frozenset({"fingerprint_id", "request_digest", "response_digest"})
 _ROW_BYTES = 400  # what a record's columns take besides its body and payload, about
 _MAX_RUN = 200
 _MAX_STEP = 2**63 - 1
@@ -87,4 +91,20 @@ def record_size(body: bytes | None, payload: bytes) -> int:
 
 
 def fields_json(fields: Mapping[str, Any]) -> str:
-    return _FIELDS_JSON.encode(fields).decode()
+    """The fingerprint as a record's `fields` text: without the members that are columns of
+    their own (`IN_COLUMNS`), which would repeat ~200 bytes of every record on disk."""
+    return _FIELDS_JSON.encode({k: v for k, v in fields.items() if k not in IN_COLUMNS}).decode()
+
+
+def full_fields(text: str, fingerprint_id: str, request_digest: str,
+                response_digest: str) -> dict[str, Any]:
+    """The fingerprint of a record's `fields` text and its columns, in `Fingerprint`'s order
+    (the order an answer served again renders them in). A record of an earlier version, which
+    kept them in the text too, reads back the same."""
+    rest = json.loads(text)
+    cache = rest.pop("cache", None)
+    fields = {"fingerprint_id": fingerprint_id, **rest, "request_digest": request_digest,
+              "response_digest": response_digest}
+    if cache is not None:
+        fields["cache"] = cache
+    return fields

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grm_service.ledger.records import Origin, Record, fields_json, record_size
+from grm_service.ledger.records import Origin, Record, fields_json, full_fields, record_size
 
 COLUMNS = ("at", "key_id", "run", "step", "route", "path", "fingerprint_id", "request_digest",
            "response_digest", "body", "payload", "fields", "cache", "size", "lookup")
@@ -104,7 +104,8 @@ def from_row(values: Sequence[Any]) -> Record:
     (rid, at, key, run, step, route, path, fp_id, req, resp, body, payload, fields, cache,
      _size, lookup) = values
     return Record(at, Origin(route, key, run or None, step), path, fp_id, req, resp,
-                  None if body is None else bytes(body), bytes(payload), json.loads(fields),
+                  None if body is None else bytes(body), bytes(payload),
+                  full_fields(fields, fp_id, req, resp),
                   cache, rid, lookup is not None)
 
 

@@ -11,7 +11,7 @@ import psycopg
 from grm_service.ledger.location import open_store
 from grm_service.ledger.query import all_records
 from grm_service.ledger.records import Origin, Record
-from grm_service.ledger.store import Selection, Store
+from grm_service.ledger.store import COLUMNS, Selection, Store, row_values
 
 
 def record(n: int, *, run: str | None = "r1", step: int | None = 0, key: str = "key-a",
@@ -34,6 +34,40 @@ def test_a_record_comes_back_byte_for_byte(store: Store) -> None:
     assert back.fields == written.fields and back.origin == written.origin
     assert back.id is not None and store.record(back.id) == back
     assert store.records(Selection())[0].at == written.at
+
+
+def _fingerprint(n: int, cache: str = "") -> dict[str, object]:
+    """Fields in `Fingerprint`'s order, as the gateway builds them."""
+    return {"fingerprint_id": "grm-1", "identity": "verified", "seed": 7, "model_hash": "m" * 64,
+            "env_digest": "e" * 32, "engine": "vllm", "engine_version": "0.25.0",
+            "device": "cpu", "tensor_parallel_size": 1, "replica": "r0", "serialized": False,
+            "request_digest": f"req{n}", "response_digest": f"resp{n}",
+            **({"cache": cache} if cache else {})}
+
+
+def test_the_fingerprint_is_stored_once_and_reads_back_in_its_order(store: Store) -> None:
+    """Its digests are columns, not repeated in the `fields` text; read back, the fields are
+    the same and in the same order (a served copy renders them in it)."""
+    computed, served = record(1), record(2, cache="hit")
+    computed.fields, served.fields = _fingerprint(1), _fingerprint(2, "hit")
+    store.write([computed, served])
+    texts = [json.loads(text) for (text,) in store.query("SELECT fields FROM ledger ORDER BY id")]
+    assert all(not {"fingerprint_id", "request_digest", "response_digest"} & set(t)
+               for t in texts)
+    back = store.records(Selection())
+    assert [list(r.fields.items()) for r in back] == [list(computed.fields.items()),
+                                                      list(served.fields.items())]
+
+
+def test_a_record_whose_text_holds_the_whole_fingerprint_reads_back_the_same(store: Store) -> None:
+    """Records written before the digests left the text."""
+    written = record(1)
+    written.fields = _fingerprint(1)
+    values = list(row_values(written))
+    values[COLUMNS.index("fields")] = json.dumps(written.fields)
+    store.write_rows([tuple(values)])
+    [back] = store.records(Selection())
+    assert list(back.fields.items()) == list(written.fields.items())
 
 
 def test_digests_only_records_keep_no_body(store: Store) -> None:
