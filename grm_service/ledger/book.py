@@ -133,7 +133,8 @@ class Ledger:
         # garbage collector to walk meanwhile (bytes are none).
         fields = answer.fields
         digests = (fields["fingerprint_id"], fields["request_digest"], fields["response_digest"])
-        self.writer.add(row(time.time(), origin, path, digests, tuple(raw) if keep else None,
+        body = (raw[0] if len(raw) == 1 and type(raw[0]) is bytes else tuple(raw)) if keep else None
+        self.writer.add(row(time.time(), origin, path, digests, body,
                             answer.engine_json or answer.payload, self._fields_text(answer),
                             how, indexed), size)
 

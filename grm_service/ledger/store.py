@@ -8,6 +8,7 @@ disk, a database gone) is raised as `LedgerUnavailable`, whatever the library's 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from abc import ABC, abstractmethod
@@ -71,19 +72,27 @@ def lookup_key(fingerprint_id: str, request_digest: str, path: str) -> int:
 def row(at: float, origin: Origin, path: str, digests: tuple[str, str, str], body: Any,
         payload: Any, fields: str, cache: str, indexed: bool) -> tuple[Any, ...]:
     """One record's values in `COLUMNS`' order. `digests`: fingerprint id, request and response
-    digests. As the request path leaves it (`finished` makes it ready for the store), `body` may
-    be the canonical body's parts and `payload` a dict: a tuple of atoms only is what the
+    digests. As the request path leaves it (`finished` makes it ready for the store, where the
+    request path could not), `body` may be the canonical body's parts (an image request's long
+    strings, not joined on the loop) and `payload` a dict: a tuple of atoms only is what the
     garbage collector stops walking while it waits for its write, which a record's objects
     cost every answer meanwhile (benchmarks/cpu_inprocess.py)."""
     fp_id, request_digest, response_digest = digests
     key = lookup_key(fp_id, request_digest, path) if indexed and not cache else None
+    # A body of one piece and the engine's bytes (a chat answer's, nearly always) leave the
+    # row finished, its size counted (never 0: `record_size` adds the columns'); a size of 0
+    # is what `finished` completes on the writer's thread.
+    final = (body is None or type(body) is bytes) and type(payload) is bytes
+    size = record_size(body, payload) if final else 0
     return (at, origin.key_id, origin.run or "", origin.step, origin.route, path, fp_id,
-            request_digest, response_digest, body, payload, fields, cache, 0, key)
+            request_digest, response_digest, body, payload, fields, cache, size, key)
 
 
 def finished(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """A `row` ready for the store (on the writer's thread): its body joined, its payload
     encoded, its size counted."""
+    if values[_SIZE]:
+        return values
     body, payload = values[_BODY], values[_PAYLOAD]
     if body is not None and not isinstance(body, bytes):
         body = b"".join(body)
@@ -146,7 +155,7 @@ class Store(ABC):
             chunk = rows[start:start + _INSERT_ROWS]
             values = ", ".join([marks] * len(chunk))
             sql = f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES {values}"
-            statements.append((self._sql(sql), [v for r in chunk for v in r]))
+            statements.append((self._sql(sql), list(itertools.chain.from_iterable(chunk))))
         self._run_all(statements)
 
     def lookup(self, fingerprint_id: str, request_digest: str, path: str) -> Record | None:
