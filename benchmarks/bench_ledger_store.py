@@ -1,17 +1,21 @@
-"""The ledger store's write cost as its table grows: CPU seconds (user + system, the writer's
-thread is all this process runs) per record of `Store.write`, batch after batch, on a SQLite file
-with the real schema. Records are chat-sized (a short answer, the fingerprint, no body), each
-with its own request digest, in three variants, one file each:
+"""The ledger store's write cost as it grows: CPU seconds (user + system: the writer's thread is
+all this process runs) per record of `Store.write`, batch after batch (a batch: one flush), on a
+SQLite file with the real schema. Records are chat-sized (a ~700-byte body, a short answer, the
+fingerprint), each with its own request digest, in three variants, one file each:
 
 - `chat`: records the cache may not answer (chat's default policy): not in the lookup index;
 - `score`: records the cache may answer (`/v1/score`'s default): in the lookup index, whose key
   is one 64-bit integer (`store.lookup_key`);
-- `text index`: the first schema's index on the text columns (fingerprint id, request digest),
-  on every record, rebuilt here for the comparison.
+- `chat, 4 KiB pages`: `chat` on a file of SQLite's default page size (a file that exists keeps
+  its own: the ledger makes new ones with 16 KiB pages).
 
-    .venv/bin/python benchmarks/bench_ledger_store.py [--rows 200000] [--batch 1000] [--cache-kib N]
+With `--before DIR` (a copy of an earlier `grm_service` package, e.g. `git archive REV
+grm_service | tar -x -C DIR`), the same records go through that version's store too, in the same
+run, for the comparison.
 
-Prints a table: rows in the table at the end of each segment, the mean CPU us per record written
+    .venv/bin/python benchmarks/bench_ledger_store.py [--rows 200000] [--batch 1000] [--before DIR]
+
+Prints a table: rows in the store at the end of each segment, the mean CPU us per record written
 in that segment, per variant.
 """
 
@@ -19,6 +23,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,27 +42,25 @@ _FIELDS = {"fingerprint_id": "grm-0123456789abcdef", "identity": "verified", "se
 _ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"rm","choices":'
            b'[{"index":0,"message":{"role":"assistant","content":"7"},"finish_reason":"stop"}],'
            b'"usage":{"prompt_tokens":40,"completion_tokens":1,"total_tokens":41}}')
-_ORIGIN = Origin("/v1/chat/completions")
-
-
-VARIANTS = ("chat", "score", "text index")
+_BODY = (b'{"max_tokens":16,"messages":[{"content":"' + b"x" * 640
+         + b'","role":"user"}],"seed":7,"temperature":0}')
+_ORIGIN = Origin("/v1/chat/completions", "key-0123456789abcdef", "run-1", 3)
+VARIANTS = ("chat", "score", "chat, 4 KiB pages")
 
 
 def _batch(first: int, n: int, indexed: bool) -> list[Record]:
     return [Record(time.time(), _ORIGIN, "/v1/chat/completions", "grm-0123456789abcdef",
                    hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest(), "d" * 32,
-                   None, _ANSWER, dict(_FIELDS), indexed=indexed)
+                   _BODY, _ANSWER, dict(_FIELDS), indexed=indexed)
             for i in range(first, first + n)]
 
 
-def _curve(path: Path, rows: int, batch: int, variant: str, points: int,
-           cache_kib: int | None) -> list[float]:
+def curve(path: Path, rows: int, batch: int, variant: str, points: int) -> list[float]:
+    if variant.endswith("4 KiB pages"):
+        with sqlite3.connect(path) as db:  # the page size is fixed by the file's first table
+            db.execute("PRAGMA page_size = 4096")
+            db.execute("CREATE TABLE made (x)")
     store = SqliteStore(path)
-    if cache_kib is not None:
-        store._db.execute(f"PRAGMA cache_size = -{cache_kib}")
-    if variant == "text index":  # the store no longer makes it: built here to compare
-        store._db.execute("CREATE INDEX ledger_request ON ledger (fingerprint_id, "
-                          "request_digest)")
     every = max(1, rows // batch // points)
     out, spent = [], 0.0
     for k in range(rows // batch):
@@ -68,21 +75,41 @@ def _curve(path: Path, rows: int, batch: int, variant: str, points: int,
     return out
 
 
+def _before(tree: str, tmp: str, args: argparse.Namespace) -> list[list[float]]:
+    """The `chat` and `score` curves through the store of the package copy in `tree`."""
+    code = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "import bench_ledger_store as b; print(json.dumps([b.curve(Path(sys.argv[2]) / "
+            "f'before-{v}.sqlite', int(sys.argv[3]), int(sys.argv[4]), v, int(sys.argv[5])) "
+            "for v in ('chat', 'score')]))")
+    # `-S`, the site folder by hand, and another working folder: the editable install's finder
+    # and the working folder would otherwise import this checkout's package.
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((tree, site))}
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(Path(__file__).parent), tmp,
+                          str(args.rows), str(args.batch), str(args.points)],
+                         env=env, cwd=tmp, check=True, capture_output=True, text=True).stdout
+    curves: list[list[float]] = json.loads(out)
+    return curves
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1000, help="records per write (a flush)")
     parser.add_argument("--points", type=int, default=5)
-    parser.add_argument("--cache-kib", type=int, default=None,
-                        help="SQLite's page cache for each (its default: 2,000 KiB)")
+    parser.add_argument("--before", help="a copy of an earlier grm_service package, to compare")
     args = parser.parse_args()
+    names = list(VARIANTS)
     with tempfile.TemporaryDirectory() as tmp:
-        curves = [_curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points,
-                         args.cache_kib) for i, variant in enumerate(VARIANTS)]
+        curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points)
+                  for i, variant in enumerate(VARIANTS)]
+        if args.before:
+            curves += _before(args.before, tmp, args)
+            names += ["before: chat", "before: score"]
     step = args.rows // len(curves[0])
-    print("| rows in the table | " + " | ".join(f"{v}: CPU us/record" for v in VARIANTS) + " |")
-    print("|---" * (len(VARIANTS) + 1) + "|")
+    print("| records in the store | " + " | ".join(f"{v}: CPU us/record" for v in names) + " |")
+    print("|---" * (len(names) + 1) + "|")
     for i, row in enumerate(zip(*curves, strict=True)):
         print(f"| {(i + 1) * step:,} | " + " | ".join(f"{x:.1f}" for x in row) + " |")
 

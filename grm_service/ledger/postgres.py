@@ -2,8 +2,8 @@
 
 psycopg 3 because it is the maintained PostgreSQL driver (psycopg2 only gets fixes), ships
 binary wheels with libpq (`psycopg[binary]`: nothing to build), is typed (mypy reads its
-connection and cursor types), and its errors are a typed tree. A batch is a few multi-row
-INSERTs in one transaction: a round trip per 500 records. It is an
+connection and cursor types), and its errors are a typed tree. A flush is one batch's row, its
+tag lines and lookups, in one transaction: a few round trips whatever its size. It is an
 optional extra (`grm-service[postgres]`), imported only when a postgresql:// ledger is asked for.
 
 A connection that fails (the server restarted, the network went) is dropped and reopened at the
@@ -12,32 +12,47 @@ next call; until then each call raises `LedgerUnavailable`, which the writer cou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 
 from grm_service.errors import LedgerUnavailable
-from grm_service.ledger.store import Store
+from grm_service.ledger.store import Run, Store
+from grm_service.ledger.upgrade import move_rows
 
+T = TypeVar("T")
+
+# Two gateways that start at once would race on CREATE TABLE IF NOT EXISTS: the schema's
+# transaction holds this advisory lock.
+_SCHEMA_LOCK = 0x6772_6D6C  # "grml"
 _SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS ledger (
-  id BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, key_id TEXT NOT NULL,
-  run TEXT NOT NULL, step BIGINT, route TEXT NOT NULL, path TEXT NOT NULL,
-  fingerprint_id TEXT NOT NULL, request_digest TEXT NOT NULL, response_digest TEXT NOT NULL,
-  body BYTEA, payload BYTEA NOT NULL, fields TEXT NOT NULL, cache TEXT NOT NULL,
-  size BIGINT NOT NULL, lookup BIGINT)""",
-    # A table of the first schema (sqlite.py says what becomes of its records).
-    "ALTER TABLE ledger ADD COLUMN IF NOT EXISTS lookup BIGINT",
-    "DROP INDEX IF EXISTS ledger_request",
-    "CREATE INDEX IF NOT EXISTS ledger_lookup ON ledger (lookup) WHERE lookup IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS ledger_tags ON ledger (key_id, run, step)",
+    """CREATE TABLE IF NOT EXISTS ledger_batches (
+  id BIGINT PRIMARY KEY, records INTEGER NOT NULL, first_at DOUBLE PRECISION NOT NULL,
+  last_at DOUBLE PRECISION NOT NULL, size BIGINT NOT NULL, digests TEXT NOT NULL,
+  ends BYTEA NOT NULL, data BYTEA NOT NULL)""",
+    # Not compressed: a record is read by `substring` of the blob, which a compressed value
+    # would decompress whole for; and the writer's batch costs the server no compression.
+    "ALTER TABLE ledger_batches ALTER COLUMN data SET STORAGE EXTERNAL",
+    """CREATE TABLE IF NOT EXISTS ledger_tags (
+  batch BIGINT NOT NULL, key_id TEXT NOT NULL, run TEXT NOT NULL, step BIGINT,
+  records INTEGER NOT NULL, cached INTEGER NOT NULL, first_at DOUBLE PRECISION NOT NULL,
+  last_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS ledger_tags_batch ON ledger_tags (batch)",
+    "CREATE TABLE IF NOT EXISTS ledger_lookup (record BIGINT PRIMARY KEY, key BIGINT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ledger_lookup_key ON ledger_lookup (key, record)",
+    """CREATE TABLE IF NOT EXISTS ledger_ids (
+  one INTEGER PRIMARY KEY CHECK (one = 1), next BIGINT NOT NULL)""",
+    "INSERT INTO ledger_ids (one, next) VALUES (1, 1) ON CONFLICT DO NOTHING",
 )
+_OLD_COLUMNS = ("SELECT column_name FROM information_schema.columns WHERE table_name = 'ledger' "
+                "AND table_schema = current_schema()")
 _CONNECT_TIMEOUT_S = 5
 
 
 class PostgresStore(Store):
     placeholder = "%s"
+    contains = "strpos({}, ?) > 0"
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -53,9 +68,12 @@ class PostgresStore(Store):
             return self._conn
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
-            with conn.transaction():
+            with conn.transaction(), conn.cursor() as cursor:
+                run = self._runner(cursor)
+                run("SELECT pg_advisory_xact_lock(?)", [_SCHEMA_LOCK])
                 for statement in _SCHEMA:
-                    conn.execute(statement)
+                    run(statement, [])
+                move_rows(run, {name for (name,) in run(_OLD_COLUMNS, [])})
         except psycopg.Error as err:
             raise LedgerUnavailable(f"{self._where()}: {err}") from err
         self._conn = conn
@@ -75,18 +93,31 @@ class PostgresStore(Store):
         except psycopg.Error as err:
             raise self._failed(err) from err
 
-    def _run_all(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    def _runner(self, cursor: psycopg.Cursor[tuple[Any, ...]]) -> Run:
+        def run(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            cursor.execute(self._sql(sql), params)
+            return cursor.fetchall() if cursor.description is not None else []
+
+        return run
+
+    def _transaction(self, work: Callable[[Run], T]) -> T:
         conn = self._connect()
         try:
             with conn.transaction(), conn.cursor() as cursor:
-                for sql, params in statements:
-                    cursor.execute(sql, params)
+                return work(self._runner(cursor))
         except psycopg.Error as err:
             raise self._failed(err) from err
 
+    def _read_range(self, batch_id: int, start: int, length: int) -> bytes:
+        rows = self.query("SELECT substring(data FROM ? FOR ?) FROM ledger_batches WHERE id = ?",
+                          [start + 1, length, batch_id])
+        if not rows:
+            raise LedgerUnavailable(f"{self._where()}: batch {batch_id} was pruned meanwhile")
+        return bytes(rows[0][0])
+
     def used_bytes(self) -> int:
         # The sizes of the live rows: the table's own size keeps deleted rows until a vacuum.
-        return int(self._run("SELECT COALESCE(SUM(size), 0) FROM ledger")[0][0])
+        return int(self._run("SELECT COALESCE(SUM(size), 0) FROM ledger_batches")[0][0])
 
     def close(self) -> None:
         if self._conn is not None:

@@ -20,7 +20,8 @@ def postgres_url() -> Iterator[str]:
 
 def fresh_postgres(url: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS ledger")
+        conn.execute("DROP TABLE IF EXISTS ledger, ledger_batches, ledger_tags, ledger_lookup, "
+                     "ledger_ids")
     return url
 
 

@@ -65,8 +65,7 @@ def test_a_reader_opens_without_creating(tmp_path: Path) -> None:
 
 
 def test_a_lookup_reads_the_lookup_index(tmp_path: Path) -> None:
-    """The index is partial (only what the cache may answer): SQLite uses it only where the
-    query's terms imply its condition. The plan of the statement `lookup` runs, as run."""
+    """The plan of the statement `lookup` runs, as run: the key's index, not a scan."""
     store = SqliteStore(tmp_path / "l.sqlite")
     statements: list[str] = []
     store._db.set_trace_callback(statements.append)
@@ -75,4 +74,11 @@ def test_a_lookup_reads_the_lookup_index(tmp_path: Path) -> None:
     [select] = [sql for sql in statements if sql.startswith("SELECT")]
     plan = store._db.execute("EXPLAIN QUERY PLAN " + select).fetchall()
     store.close()
-    assert any("ledger_lookup" in str(row) for row in plan), plan
+    assert any("ledger_lookup_key" in str(row) for row in plan), plan
+
+
+def test_a_new_file_has_pages_a_batch_fills(tmp_path: Path) -> None:
+    """A batch's blob spans overflow pages, each written on its own: few large ones."""
+    SqliteStore(tmp_path / "l.sqlite").close()
+    with sqlite3.connect(tmp_path / "l.sqlite") as db:
+        assert db.execute("PRAGMA page_size").fetchone() == (16384,)

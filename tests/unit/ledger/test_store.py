@@ -8,6 +8,7 @@ import time
 
 import psycopg
 
+from grm_service.ledger.batches import MAX_BATCH_RECORDS, unpack
 from grm_service.ledger.location import open_store
 from grm_service.ledger.query import all_records
 from grm_service.ledger.records import Origin, Record
@@ -23,6 +24,16 @@ def record(n: int, *, run: str | None = "r1", step: int | None = 0, key: str = "
               "replica": "r0", **({"cache": cache} if cache else {})}
     return Record(time.time() if at is None else at, Origin("/v1/score", key, run, step), path,
                   fp, f"req{n}", f"resp{n}", body, payload, fields, cache)
+
+
+def stored_values(store: Store) -> list[list[object]]:
+    """Every record's values as the batches hold them, in id order."""
+    batches = store.query("SELECT ends, data FROM ledger_batches ORDER BY id")
+    return [values for ends, data in batches for values in unpack(bytes(data), bytes(ends))]
+
+
+def stored(store: Store, column: str, values: list[object]) -> object:
+    return values[COLUMNS.index(column)]
 
 
 def test_a_record_comes_back_byte_for_byte(store: Store) -> None:
@@ -51,7 +62,7 @@ def test_the_fingerprint_is_stored_once_and_reads_back_in_its_order(store: Store
     computed, served = record(1), record(2, cache="hit")
     computed.fields, served.fields = _fingerprint(1), _fingerprint(2, "hit")
     store.write([computed, served])
-    texts = [json.loads(text) for (text,) in store.query("SELECT fields FROM ledger ORDER BY id")]
+    texts = [json.loads(stored(store, "fields", values)) for values in stored_values(store)]
     assert all(not {"fingerprint_id", "request_digest", "response_digest"} & set(t)
                for t in texts)
     back = store.records(Selection())
@@ -115,16 +126,56 @@ def test_pages_go_through_every_record_in_order(store: Store) -> None:
 
 
 def test_prune_drops_old_records_first_by_age_then_by_size(store: Store) -> None:
+    """A batch (one write: a flush) goes whole."""
     now = time.time()
-    store.write([record(i, at=now - 1000 + i) for i in range(5)])
-    assert store.prune(1 << 40, 997.5, now) == 3  # ages 1000, 999 and 998
-    assert [r.request_digest for r in store.records(Selection())] == ["req3", "req4"]
+    for i in range(5):
+        store.write([record(i, at=now - 1000 + i), record(100 + i, at=now - 1000 + i)])
+    assert store.prune(1 << 40, 997.5, now) == 6  # ages 1000, 999 and 998
+    assert [r.request_digest for r in store.records(Selection())] == ["req3", "req103", "req4",
+                                                                      "req104"]
+    store.write([record(7, at=now - 2000), record(8, at=now)])
+    assert store.prune(1 << 40, 997.5, now) == 0, "a batch stays while its newest is young"
     big = b"x" * 200_000
-    store.write([record(10 + i, body=big) for i in range(20)])
+    for i in range(20):
+        store.write([record(10 + i, body=big)])
     store.prune(2_000_000, 1e9, now)
     left = store.records(Selection())
     assert store.used_bytes() <= 2_000_000
-    assert 0 < len(left) < 22 and left[-1].request_digest == "req29"  # the newest stay
+    assert 0 < len(left) < 26 and left[-1].request_digest == "req29"  # the newest stay
+    assert all(r.id is not None and store.record(r.id) == r for r in left)
+
+
+def test_a_pruned_record_is_neither_read_nor_looked_up(store: Store) -> None:
+    now = time.time()
+    store.write([record(1, at=now - 100)])
+    store.write([record(2, at=now)])
+    [old, _] = store.records(Selection())
+    assert old.id is not None and store.lookup("grm-1", "req1", "/v1/chat/completions") == old
+    assert store.prune(1 << 40, 50, now) == 1
+    assert store.record(old.id) is None
+    assert store.lookup("grm-1", "req1", "/v1/chat/completions") is None
+    assert [r["requests"] for r in store.runs()] == [1]
+
+
+def test_a_flush_larger_than_a_batch_is_split_and_reads_back_whole(store: Store) -> None:
+    """More records than one batch holds: several batches, one transaction, ids in order."""
+    store.write([record(i, step=i % 3) for i in range(MAX_BATCH_RECORDS + 10)])
+    assert len(store.query("SELECT id FROM ledger_batches")) == 2
+    back = list(all_records(store, Selection()))
+    assert [r.request_digest for r in back] == [f"req{i}" for i in range(MAX_BATCH_RECORDS + 10)]
+    assert [r.id for r in back] == list(range(1, MAX_BATCH_RECORDS + 11))
+    assert [s["requests"] for s in store.steps("r1")] == [1369, 1369, 1368]
+    last = store.lookup("grm-1", f"req{MAX_BATCH_RECORDS + 9}", "/v1/chat/completions")
+    assert last is not None and last.id == MAX_BATCH_RECORDS + 10
+
+
+def test_the_request_behind_a_reward_is_found_by_its_digest(store: Store) -> None:
+    store.write([record(i) for i in range(30)])
+    store.write([record(i) for i in range(5)])  # repeats, in a second batch
+    found = store.records(Selection(request_digest="req3"))
+    assert [(r.request_digest, r.id) for r in found] == [("req3", 4), ("req3", 34)]
+    assert store.records(Selection(request_digest="req")) == []  # a part of one is no digest
+    assert store.records(Selection(request_digest="req3", key_id="key-b")) == []
 
 
 def test_two_stores_on_one_location_see_each_others_writes(location: str) -> None:
@@ -192,9 +243,46 @@ def test_a_ledger_of_the_first_schema_keeps_its_records(location: str) -> None:
     try:
         [old] = store.records(Selection())
         assert (old.origin.run, old.origin.step, old.request_digest) == ("old", 3, "req0")
+        assert old.id == 1 and old.fields == {"fingerprint_id": "grm-1", "request_digest": "req0",
+                                              "response_digest": "resp0"}
         assert store.lookup("grm-1", "req0", "/v1/chat/completions") is None
         store.write([record(1)])
         assert store.lookup("grm-1", "req1", "/v1/chat/completions") is not None
+        assert [r.id for r in store.records(Selection())] == [1, 2]
     finally:
         store.close()
     open_store(location).close()  # opened again: nothing left to upgrade
+
+
+def test_a_ledger_of_one_row_per_record_moves_into_batches(location: str) -> None:
+    """The second schema (a lookup key per row): its records keep their ids (a gap where some
+    were pruned), their bytes and their lookups; new ones follow the last id."""
+    _first_schema_ledger(location)
+    old = [record(n) for n in (1, 2, 3)]
+    old[2].indexed = False
+    values = [row_values(r) for r in old]
+    marks = ", ".join(["%s" if location.startswith("postgresql://") else "?"] * 16)
+    sql = f"INSERT INTO ledger (id, {', '.join(COLUMNS)}) VALUES ({marks})"
+    alter = "ALTER TABLE ledger ADD COLUMN lookup BIGINT"
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute(alter)
+            for rid, v in zip((5, 6, 9), values, strict=True):
+                conn.execute(sql, (rid, *v))
+    else:
+        with sqlite3.connect(location) as db:
+            db.execute(alter)
+            db.executemany(sql, [(rid, *v) for rid, v in zip((5, 6, 9), values, strict=True)])
+    store = open_store(location)
+    try:
+        back = store.records(Selection())
+        assert [r.id for r in back] == [1, 5, 6, 9]
+        assert [(r.body, r.payload, r.fields) for r in back[1:]] == [
+            (r.body, r.payload, r.fields) for r in old]
+        found = store.lookup("grm-1", "req2", "/v1/chat/completions")
+        assert found is not None and found.id == 6
+        assert store.lookup("grm-1", "req3", "/v1/chat/completions") is None  # not indexed
+        store.write([record(4)])
+        assert [r.id for r in store.records(Selection())][-1] == 10
+    finally:
+        store.close()

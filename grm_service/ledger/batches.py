@@ -1,0 +1,136 @@
+"""A flush's records as the store keeps them: one row per batch, its records packed in one blob.
+
+A row per record cost the writer ~10 us of CPU per record on SQLite, half of it the kernel's:
+each record's B-tree insert, its index entries and its pages written twice (the WAL, then the
+checkpoint). One blob per batch is one insert and a sequential write: ~2 us per record
+(benchmarks/bench_ledger_store.py). What the queries select on is kept beside the blob, small:
+
+- `tags`: per batch, one line per (key id, run, step) it holds, with counts and times (the runs
+  and steps views, and which batches a selection reads);
+- `digests`: the batch's request digests, one per line (finding the request behind a reward
+  without an index entry per record);
+- `ends`: where each record ends in the blob (one record is read without decoding the others);
+- `lookups`: the records the cache may answer, under their 64-bit key (`store.lookup_key`).
+
+A record is its values in `COLUMNS`' order, msgpack-encoded (msgspec): floats, integers, text and
+bytes come back exactly as written. Record ids are the batch's first id plus the record's place.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import operator
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+COLUMNS = ("at", "key_id", "run", "step", "route", "path", "fingerprint_id", "request_digest",
+           "response_digest", "body", "payload", "fields", "cache", "size", "lookup")
+_AT, _REQUEST, _CACHE, _SIZE, _LOOKUP = (
+    COLUMNS.index(c) for c in ("at", "request_digest", "cache", "size", "lookup"))
+_TAGS = operator.itemgetter(*(COLUMNS.index(c) for c in ("key_id", "run", "step")))
+# A batch's blob stays well under what either database takes in one value (1 GB), and one read
+# of a record's batch (a page of the CLI's listing) stays small.
+MAX_BATCH_BYTES = 16 << 20
+MAX_BATCH_RECORDS = 4096
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+
+
+@dataclass(frozen=True)
+class Tag:
+    """The records of one (key id, run, step) in a batch."""
+
+    key_id: str
+    run: str
+    step: int | None
+    records: int
+    cached: int
+    first_at: float
+    last_at: float
+
+
+@dataclass(frozen=True)
+class Batch:
+    records: int
+    first_at: float
+    last_at: float
+    size: int  # what its records count against the ledger's bound (`record_size`)
+    digests: str
+    ends: bytes
+    data: bytes
+    tags: tuple[Tag, ...]
+    lookups: tuple[tuple[int, int], ...]  # (place in the batch, lookup key)
+
+
+def split(rows: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[Any, ...]]]:
+    """`finished` rows in batches within the bounds above, in order."""
+    start, size = 0, 0
+    for i, values in enumerate(rows):
+        size += values[_SIZE]
+        if i > start and (size > MAX_BATCH_BYTES or i - start >= MAX_BATCH_RECORDS):
+            yield rows[start:i]
+            start, size = i, values[_SIZE]
+    if start < len(rows):
+        yield rows[start:]
+
+
+def pack(rows: Sequence[tuple[Any, ...]]) -> Batch:
+    """One batch of `finished` rows (at least one)."""
+    data, ends = bytearray(), array.array("I")
+    for values in rows:
+        _ENCODER.encode_into(values, data, -1)
+        ends.append(len(data))
+    times = [values[_AT] for values in rows]
+    lookups = tuple((i, values[_LOOKUP]) for i, values in enumerate(rows)
+                    if values[_LOOKUP] is not None)
+    return Batch(len(rows), min(times), max(times), sum(values[_SIZE] for values in rows),
+                 "\n".join([values[_REQUEST] for values in rows]), _little(ends).tobytes(),
+                 bytes(data), _tags(rows), lookups)
+
+
+def _tags(rows: Sequence[tuple[Any, ...]]) -> tuple[Tag, ...]:
+    """Records come in runs of one tag (a trainer's step), so `groupby` meets each run once."""
+    found: dict[tuple[str, str, int | None], list[Any]] = {}
+    for tags, group in itertools.groupby(rows, _TAGS):
+        members = list(group)
+        times = [values[_AT] for values in members]
+        cached = sum(1 for values in members if values[_CACHE])
+        seen = found.get(tags)
+        if seen is None:
+            found[tags] = [len(members), cached, min(times), max(times)]
+        else:
+            seen[0] += len(members)
+            seen[1] += cached
+            seen[2], seen[3] = min(seen[2], *times), max(seen[3], *times)
+    return tuple(Tag(*tags, *counts) for tags, counts in found.items())
+
+
+def _little(ends: array.array[int]) -> array.array[int]:
+    """`ends` as stored, little-endian whatever the host (a swap is its own inverse)."""
+    if sys.byteorder == "big":
+        ends.byteswap()
+    return ends
+
+
+def offsets(ends: bytes) -> list[int]:
+    """Where each record starts, and where the last one ends: `len(records) + 1` offsets."""
+    found = array.array("I")
+    found.frombytes(ends)
+    return [0, *_little(found)]
+
+
+def unpack(data: bytes | memoryview, ends: bytes) -> list[list[Any]]:
+    """Every record of a batch, its values in `COLUMNS`' order."""
+    view, at = memoryview(data), offsets(ends)
+    return [_DECODER.decode(view[a:b]) for a, b in itertools.pairwise(at)]
+
+
+def decode(raw: bytes | memoryview) -> list[Any]:
+    """One record's values, from its bytes in the blob."""
+    values: list[Any] = _DECODER.decode(raw)
+    return values
