@@ -31,6 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from grm_service.ledger.query import all_records
+from grm_service.ledger.records import fields_json
+from grm_service.ledger.sqlite import SqliteStore
+from grm_service.ledger.store import Selection
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
@@ -76,10 +81,14 @@ def measure_bytes(f: procs.Fleet, backends: list[str]) -> list[str]:
                                ("judge", "judge", judge_items(JUDGE_BATCH))):
         score(gw.url, scorer, items, run)
         time.sleep(2)  # a few flush intervals
+        store = SqliteStore(path, readonly=True)
+        records = list(all_records(store, Selection(run=run)))
+        store.close()
+        n = len(records)
+        body = sum(len(r.body or b"") for r in records) / n
+        answer = sum(len(r.payload) for r in records) / n
+        fields = sum(len(fields_json(r.fields)) for r in records) / n
         with closing(sqlite3.connect(path)) as db:
-            n, body, answer, fields = db.execute(
-                "SELECT COUNT(*), AVG(LENGTH(body)), AVG(LENGTH(payload)), AVG(LENGTH(fields)) "
-                "FROM ledger WHERE run = ?", (run,)).fetchone()
             pages = db.execute("PRAGMA page_count").fetchone()[0]
             used = pages * db.execute("PRAGMA page_size").fetchone()[0]
         lines.append(f"| {run} | {n} | {body:,.0f} | {answer:,.0f} | {fields:,.0f} | "

@@ -1,7 +1,10 @@
 """The reward ledger: every answer on record, read back, replayed, and repeated from the record.
 
     records.py   Origin (who asked: key id, run, step) and Record (one answered request)
-    store.py     the Store every backend implements, and `open_store(location)`
+    batches.py   a flush's records packed as one row: the blob, its tags, digests and lookups
+    store.py     the Store every backend implements: batches written, records read back
+    upgrade.py   a ledger of the earlier one-row-per-record layout moved into batches
+    location.py  `open_store(location)`: which backend a location names
     sqlite.py    the embedded default: one SQLite file in WAL mode, owner-only
     postgres.py  several gateways sharing one ledger (psycopg 3)
     writer.py    batched writes off the event loop; drops counted, never an answer's failure
