@@ -44,10 +44,10 @@ Steps = Annotated[str | None, typer.Option(help="Steps a:b (both included), a:, 
 
 
 @contextmanager
-def opened(location: str | None) -> Iterator[Store]:
+def opened(location: str | None, readonly: bool = True) -> Iterator[Store]:
     where = location or default_location()
     try:
-        store = open_store(where, readonly=True)
+        store = open_store(where, readonly=readonly)
     except LedgerUnavailable as err:
         raise typer.BadParameter(err.message, param_hint="--ledger") from None
     try:
@@ -125,3 +125,12 @@ def export(out: Annotated[Path, typer.Argument(help="JSONL file to write.")], ru
             handle.write(json.dumps(row) + "\n")
             count += 1
     console.print(f"{count} record(s) written to {out}")
+
+
+@ledger_app.command()
+def upgrade(ledger: Location = None) -> None:
+    """Move a ledger of an earlier layout into this version's (a gateway does it when it opens
+    one); a ledger of this layout is left as it is."""
+    with opened(ledger, readonly=False) as store:
+        found = store.runs()
+    console.print(f"ledger of this layout: {sum(r['requests'] for r in found)} record(s)")

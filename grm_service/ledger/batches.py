@@ -124,10 +124,10 @@ def offsets(ends: bytes) -> list[int]:
     return [0, *_little(found)]
 
 
-def unpack(data: bytes | memoryview, ends: bytes) -> list[list[Any]]:
-    """Every record of a batch, its values in `COLUMNS`' order."""
+def unpack(data: bytes | memoryview, ends: bytes, skip: int = 0) -> list[list[Any]]:
+    """The records of a batch from its `skip`-th on, their values in `COLUMNS`' order."""
     view, at = memoryview(data), offsets(ends)
-    return [_DECODER.decode(view[a:b]) for a, b in itertools.pairwise(at)]
+    return [_DECODER.decode(view[a:b]) for a, b in itertools.pairwise(at[skip:])]
 
 
 def decode(raw: bytes | memoryview) -> list[Any]:

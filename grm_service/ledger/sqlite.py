@@ -66,7 +66,9 @@ class SqliteStore(Store):
                 _owner_only(path)
                 self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout = 10000")
-            if not readonly:
+            if readonly:
+                self._check_layout()
+            else:
                 self._db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
@@ -77,6 +79,19 @@ class SqliteStore(Store):
                         os.chmod(side, 0o600)
         except (sqlite3.Error, OSError) as err:
             raise LedgerUnavailable(f"ledger {path}: {err}") from err
+
+    def _check_layout(self) -> None:
+        """A reader opens without writing: a file of another layout is named as such."""
+        tables = {name for (name,) in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "ledger_batches" in tables:
+            return
+        if "ledger" in tables:
+            raise LedgerUnavailable(
+                f"ledger {self.path} is of an earlier layout (a row per record): a gateway of "
+                "this version moves it into batches when it opens it, or run `grm-service "
+                "ledger upgrade`")
+        raise LedgerUnavailable(f"{self.path} holds no ledger")
 
     def _create(self) -> None:
         """The tables, and an earlier layout's records moved in, in one transaction:

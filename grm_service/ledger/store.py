@@ -38,6 +38,7 @@ _INSERT_ROWS = 500
 # A statement (with "?" marks) and its parameters, run in the store's open transaction.
 Run = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
 T = TypeVar("T")
+_MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,8 @@ class Store(ABC):
     def records(self, selection: Selection, limit: int = 1000, after: int = 0) -> list[Record]:
         """In the order they were answered, `limit` at a time after record id `after`."""
         found: list[Record] = []
+        if after >= _MAX_ID:
+            return found  # no id follows: and `after + 1` is past what the column holds
         lowest = self._batch_of(after + 1)
         where, params = self._batch_where(selection)
         while len(found) < limit:
@@ -204,8 +207,9 @@ class Store(ABC):
             if not rows:
                 break
             first, ends, data = rows[0]
-            for place, values in enumerate(unpack(data, ends)):
-                if first + place > after and selection.matches(values):
+            skip = max(0, after + 1 - first)  # the batch's records up to `after`: not decoded
+            for place, values in enumerate(unpack(data, ends, skip), skip):
+                if selection.matches(values):
                     found.append(from_values(first + place, values))
                     if len(found) == limit:
                         break

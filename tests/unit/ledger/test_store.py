@@ -78,6 +78,12 @@ def test_a_record_whose_text_holds_the_whole_fingerprint_reads_back_the_same(sto
     assert list(back.fields.items()) == list(written.fields.items())
 
 
+def test_nothing_follows_the_last_possible_id(store: Store) -> None:
+    store.write([record(1)])
+    assert store.records(Selection(), after=2**63 - 1) == []
+    assert len(store.records(Selection(), after=2**63 - 2)) == 0
+
+
 def test_digests_only_records_keep_no_body(store: Store) -> None:
     store.write([record(1, body=None)])
     assert store.records(Selection())[0].body is None
