@@ -33,7 +33,14 @@ _SCHEMA = (
   ends BYTEA NOT NULL, data BYTEA NOT NULL)""",
     # Not compressed: a record is read by `substring` of the blob, which a compressed value
     # would decompress whole for; and the writer's batch costs the server no compression.
-    "ALTER TABLE ledger_batches ALTER COLUMN data SET STORAGE EXTERNAL",
+    # Only where the column is not so yet: the ALTER takes the table's exclusive lock, which
+    # a gateway starting beside busy ones would wait for behind every open read.
+    """DO $$ BEGIN
+  IF (SELECT attstorage FROM pg_attribute WHERE attrelid = 'ledger_batches'::regclass
+      AND attname = 'data') <> 'e' THEN
+    ALTER TABLE ledger_batches ALTER COLUMN data SET STORAGE EXTERNAL;
+  END IF;
+END $$""",
     """CREATE TABLE IF NOT EXISTS ledger_tags (
   batch BIGINT NOT NULL, key_id TEXT NOT NULL, run TEXT NOT NULL, step BIGINT,
   records INTEGER NOT NULL, cached INTEGER NOT NULL, first_at DOUBLE PRECISION NOT NULL,
