@@ -12,11 +12,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from grm_service.fingerprint import produced
-from grm_service.ledger.records import Record
+from grm_service.ledger.records import INT64_MAX, Record
 from grm_service.ledger.store import Selection, Store
 
 PAGE = 500
-_INT64 = 2**63 - 1  # a step is a 64-bit integer column
 
 
 def parse_steps(text: str | None) -> tuple[int | None, int | None]:
@@ -29,8 +28,8 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
         last = (int(high) if high else None) if sep else first
     except ValueError:
         raise ValueError(f"steps {text!r}: expected a:b, a:, :b or a (integers)") from None
-    if any(step is not None and not 0 <= step <= _INT64 for step in (first, last)):
-        raise ValueError(f"steps {text[:60]!r}: each step is between 0 and {_INT64}")
+    if any(step is not None and not 0 <= step <= INT64_MAX for step in (first, last)):
+        raise ValueError(f"steps {text[:60]!r}: each step is between 0 and {INT64_MAX}")
     if first is not None and last is not None and last < first:
         raise ValueError(f"steps {text!r}: the last step is before the first")
     return first, last

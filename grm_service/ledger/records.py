@@ -22,7 +22,8 @@ _FIELDS_JSON = msgspec.json.Encoder()
 IN_COLUMNS = frozenset({"fingerprint_id", "request_digest", "response_digest"})
 _ROW_BYTES = 400  # what a record's columns take besides its body and payload, about
 _MAX_RUN = 200
-_MAX_STEP = 2**63 - 1
+# The columns' integers (ids, steps) are signed 64-bit on both stores.
+INT64_MAX = 2**63 - 1
 # Origins kept (`Origin.of`): a trainer sends a few keys, one run and a step at a time, so nearly
 # every request finds its origin made, the key's digest and the frozen dataclass's slow
 # `__init__` (~0.5 us) done once.
@@ -45,7 +46,7 @@ def parse_run(raw: str | None) -> str | None:
 def parse_step(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or int(raw) > _MAX_STEP:
+    if not raw.isdigit() or int(raw) > INT64_MAX:
         raise BadTag(f"{STEP_HEADER} must be a non-negative integer, not {raw[:40]!r}")
     return int(raw)
 

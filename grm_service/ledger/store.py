@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from grm_service.ledger.batches import COLUMNS, Batch, decode, offsets, pack, split, unpack
-from grm_service.ledger.records import Origin, Record, fields_json, full_fields, record_size
+from grm_service.ledger.records import (
+    INT64_MAX,
+    Origin,
+    Record,
+    fields_json,
+    full_fields,
+    record_size,
+)
 
 _BODY, _PAYLOAD, _SIZE = (COLUMNS.index(c) for c in ("body", "payload", "size"))
 _KEY, _RUN, _STEP, _REQUEST = (COLUMNS.index(c) for c in ("key_id", "run", "step",
@@ -38,7 +45,6 @@ _INSERT_ROWS = 500
 # A statement (with "?" marks) and its parameters, run in the store's open transaction.
 Run = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
 T = TypeVar("T")
-_MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ class Store(ABC):
     def records(self, selection: Selection, limit: int = 1000, after: int = 0) -> list[Record]:
         """In the order they were answered, `limit` at a time after record id `after`."""
         found: list[Record] = []
-        if after >= _MAX_ID:
+        if after >= INT64_MAX:
             return found  # no id follows: and `after + 1` is past what the column holds
         lowest = self._batch_of(after + 1)
         where, params = self._batch_where(selection)
