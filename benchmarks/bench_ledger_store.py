@@ -14,9 +14,11 @@ grm_service | tar -x -C DIR`), the same records go through that version's store 
 run, for the comparison.
 
     .venv/bin/python benchmarks/bench_ledger_store.py [--rows 200000] [--batch 1000] [--before DIR]
+        [--repeat K]
 
 Prints a table: rows in the store at the end of each segment, the mean CPU us per record written
-in that segment, per variant.
+in that segment, per variant (the median of K runs, each variant in turn); its last line, the
+bytes the batches hold per record (deterministic).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +58,15 @@ def _batch(first: int, n: int, indexed: bool) -> list[Record]:
             for i in range(first, first + n)]
 
 
+def stored_bytes(path: Path) -> float:
+    """What the batches hold per record: blobs, ends (with the shared texts) and digests."""
+    with sqlite3.connect(path) as db:
+        [(size, records)] = db.execute(
+            "SELECT SUM(LENGTH(data) + LENGTH(ends) + LENGTH(digests)), SUM(records) "
+            "FROM ledger_batches").fetchall()
+    return float(size) / records
+
+
 def curve(path: Path, rows: int, batch: int, variant: str, points: int) -> list[float]:
     if variant.endswith("4 KiB pages"):
         with sqlite3.connect(path) as db:  # the page size is fixed by the file's first table
@@ -72,7 +84,7 @@ def curve(path: Path, rows: int, batch: int, variant: str, points: int) -> list[
             out.append(spent / (every * batch) * 1e6)
             spent = 0.0
     store.close()
-    return out
+    return [*out, stored_bytes(path)]
 
 
 def _before(tree: str, tmp: str, args: argparse.Namespace) -> list[list[float]]:
@@ -99,19 +111,28 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="records per write (a flush)")
     parser.add_argument("--points", type=int, default=5)
     parser.add_argument("--before", help="a copy of an earlier grm_service package, to compare")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every variant this many times, in turn; print the medians")
     args = parser.parse_args()
-    names = list(VARIANTS)
+    names = list(VARIANTS) + (["before: chat", "before: score"] if args.before else [])
+    runs = [_run_once(args) for _ in range(args.repeat)]
+    curves = [[statistics.median(point) for point in zip(*same, strict=True)]
+              for same in zip(*runs, strict=True)]
+    step = args.rows // (len(curves[0]) - 1)
+    print("| records in the store | " + " | ".join(f"{v}: CPU us/record" for v in names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for i, row in enumerate(zip(*curves, strict=True)):
+        label = f"{(i + 1) * step:,}" if i < len(curves[0]) - 1 else "bytes stored per record"
+        print(f"| {label} | " + " | ".join(f"{x:.1f}" for x in row) + " |")
+
+
+def _run_once(args: argparse.Namespace) -> list[list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points)
                   for i, variant in enumerate(VARIANTS)]
         if args.before:
             curves += _before(args.before, tmp, args)
-            names += ["before: chat", "before: score"]
-    step = args.rows // len(curves[0])
-    print("| records in the store | " + " | ".join(f"{v}: CPU us/record" for v in names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for i, row in enumerate(zip(*curves, strict=True)):
-        print(f"| {(i + 1) * step:,} | " + " | ".join(f"{x:.1f}" for x in row) + " |")
+    return curves
 
 
 if __name__ == "__main__":

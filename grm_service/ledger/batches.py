@@ -9,11 +9,19 @@ What the queries select on is kept beside the blob, small:
   and steps views, and which batches a selection reads);
 - `digests`: the batch's request digests, one per line (finding the request behind a reward
   without an index entry per record);
-- `ends`: where each record ends in the blob (one record is read without decoding the others);
+- `ends`: where each record ends in the blob (one record is read without decoding the others),
+  after the texts its records share (`Index`);
 - `lookups`: the records the cache may answer, under their 64-bit key (`store.lookup_key`).
 
 A record is its values in `COLUMNS`' order, msgpack-encoded (msgspec): floats, integers, text and
 bytes come back exactly as written. Record ids are the batch's first id plus the record's place.
+
+The texts that repeat from record to record (one key, one run, one route, one replica's
+fingerprint text: ~260 of a stub chat record's ~625 bytes) are written once per batch, and a
+record holds each one's place in that list: the writer's cost is about its bytes (each is
+copied into the blob, the WAL and the file), `Store.write` per chat record 5.0 against 6.3 us
+(benchmarks/bench_ledger_store.py). A batch written before keeps its texts inline and reads the
+same (its `ends` has no texts).
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ MAX_BATCH_BYTES = 16 << 20
 MAX_BATCH_RECORDS = 4096
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
+# The columns of `_shared`, whose values are the batch's texts: text in every record ever written.
+_SHARED = tuple(COLUMNS.index(c) for c in ("key_id", "run", "route", "path", "fingerprint_id",
+                                           "fields"))
+# `ends` that begins with this word holds the batch's texts first: a record's end never reads so
+# (a batch's blob is under MAX_BATCH_BYTES), so an earlier batch's `ends` never begins with it.
+_TEXTS_MARK = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -82,15 +96,34 @@ def split(rows: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[Any, ...]]
 def pack(rows: Sequence[tuple[Any, ...]]) -> Batch:
     """One batch of `finished` rows (at least one)."""
     data, ends = bytearray(), array.array("I")
+    texts: dict[str, int] = {}
     for values in rows:
-        _ENCODER.encode_into(values, data, -1)
+        _ENCODER.encode_into(_shared(values, texts), data, -1)
         ends.append(len(data))
     times = [values[_AT] for values in rows]
     lookups = tuple((i, values[_LOOKUP]) for i, values in enumerate(rows)
                     if values[_LOOKUP] is not None)
     return Batch(len(rows), min(times), max(times), sum(values[_SIZE] for values in rows),
-                 "\n".join([values[_REQUEST] for values in rows]), _little(ends).tobytes(),
+                 "\n".join([values[_REQUEST] for values in rows]), _index(ends, list(texts)),
                  bytes(data), _tags(rows), lookups)
+
+
+def _shared(values: tuple[Any, ...], texts: dict[str, int]) -> tuple[Any, ...]:
+    """The row as its batch holds it: each `_SHARED` text replaced by its place in `texts`
+    (added where new). Spelled out in `COLUMNS`' order: this runs for every record written."""
+    (at, key_id, run, step, route, path, fp_id, request, response, body, payload, fields, cache,
+     size, lookup) = values
+    place = texts.setdefault
+    return (at, place(key_id, len(texts)), place(run, len(texts)), step,
+            place(route, len(texts)), place(path, len(texts)), place(fp_id, len(texts)),
+            request, response, body, payload, place(fields, len(texts)), cache, size, lookup)
+
+
+def _index(ends: array.array[int], texts: list[str]) -> bytes:
+    """`ends` as stored: the mark, the texts' length and the texts (msgpack), the ends."""
+    shared = _ENCODER.encode(texts)
+    head = array.array("I", [_TEXTS_MARK, len(shared)])
+    return _little(head).tobytes() + shared + _little(ends).tobytes()
 
 
 def _tags(rows: Sequence[tuple[Any, ...]]) -> tuple[Tag, ...]:
@@ -117,20 +150,39 @@ def _little(ends: array.array[int]) -> array.array[int]:
     return ends
 
 
-def offsets(ends: bytes) -> list[int]:
-    """Where each record starts, and where the last one ends: `len(records) + 1` offsets."""
-    found = array.array("I")
-    found.frombytes(ends)
-    return [0, *_little(found)]
+@dataclass(frozen=True)
+class Index:
+    """A batch's `ends` read: where each record starts and where the last one ends
+    (`len(records) + 1` offsets), and the texts its records share (none: a batch written
+    before, its texts inline)."""
+
+    offsets: list[int]
+    texts: list[str]
+
+    @classmethod
+    def of(cls, ends: bytes) -> Index:
+        head = array.array("I")
+        head.frombytes(ends[:8])
+        _little(head)
+        texts: list[str] = []
+        if len(head) == 2 and head[0] == _TEXTS_MARK:
+            texts = _DECODER.decode(ends[8:8 + head[1]])
+            ends = ends[8 + head[1]:]
+        found = array.array("I")
+        found.frombytes(ends)
+        return cls([0, *_little(found)], texts)
+
+    def values(self, raw: bytes | memoryview) -> list[Any]:
+        """One record's values, from its bytes in the blob."""
+        values: list[Any] = _DECODER.decode(raw)
+        texts = self.texts
+        if texts:
+            for column in _SHARED:
+                values[column] = texts[values[column]]
+        return values
 
 
 def unpack(data: bytes | memoryview, ends: bytes, skip: int = 0) -> list[list[Any]]:
     """The records of a batch from its `skip`-th on, their values in `COLUMNS`' order."""
-    view, at = memoryview(data), offsets(ends)
-    return [_DECODER.decode(view[a:b]) for a, b in itertools.pairwise(at[skip:])]
-
-
-def decode(raw: bytes | memoryview) -> list[Any]:
-    """One record's values, from its bytes in the blob."""
-    values: list[Any] = _DECODER.decode(raw)
-    return values
+    view, index = memoryview(data), Index.of(ends)
+    return [index.values(view[a:b]) for a, b in itertools.pairwise(index.offsets[skip:])]

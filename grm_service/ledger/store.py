@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from grm_service.ledger.batches import COLUMNS, Batch, decode, offsets, pack, split, unpack
+from grm_service.ledger.batches import COLUMNS, Batch, Index, pack, split, unpack
 from grm_service.ledger.records import (
     INT64_MAX,
     Origin,
@@ -245,8 +245,9 @@ class Store(ABC):
         if not rows or record_id - rows[0][0] >= rows[0][1]:
             return None
         first, _, ends = rows[0]
-        place, at = record_id - first, offsets(bytes(ends))
-        values = decode(self._read_range(first, at[place], at[place + 1] - at[place]))
+        place, index = record_id - first, Index.of(bytes(ends))
+        at = index.offsets
+        values = index.values(self._read_range(first, at[place], at[place + 1] - at[place]))
         if key_id is not None and values[_KEY] != key_id:
             return None
         return from_values(record_id, values)

@@ -1,16 +1,20 @@
-"""A batch packed and read back: the same values, bit for bit; its tags, bounds and lookups."""
+"""A batch packed and read back: the same values, bit for bit; its tags, bounds and lookups;
+its repeated texts written once; a batch of the earlier form (texts inline) read the same."""
 
 from __future__ import annotations
 
+import array
+import sys
 from typing import Any
+
+import msgspec
 
 from grm_service.ledger.batches import (
     COLUMNS,
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
+    Index,
     Tag,
-    decode,
-    offsets,
     pack,
     split,
     unpack,
@@ -31,9 +35,10 @@ def test_records_read_back_bit_for_bit_whole_or_one_at_a_time() -> None:
             for n in range(7)]
     batch = pack(rows)
     assert [tuple(v) for v in unpack(batch.data, batch.ends)] == rows
-    at = offsets(batch.ends)
+    index = Index.of(batch.ends)
+    at = index.offsets
     assert len(at) == 8 and at[-1] == len(batch.data)
-    assert tuple(decode(batch.data[at[5]:at[6]])) == rows[5]
+    assert tuple(index.values(batch.data[at[5]:at[6]])) == rows[5]
     assert batch.digests.split("\n") == [f"req{n}" for n in range(7)]
     assert (batch.records, batch.size) == (7, 3500)
     assert (batch.first_at, batch.last_at) == (1.0, 3.0)
@@ -61,3 +66,28 @@ def test_a_flush_is_split_within_the_bounds_in_order() -> None:
     assert [v for p in split(many) for v in p] == many
     assert list(split([])) == []
     assert all(sum(v[_SIZE] for v in p) <= MAX_BATCH_BYTES or len(p) == 1 for p in parts)
+
+
+def test_texts_that_repeat_are_written_once_per_batch() -> None:
+    rows = [values(n, run="run-" + "x" * 200) for n in range(50)]
+    batch = pack(rows)
+    assert batch.data.count(b"run-" + b"x" * 200) == 0
+    assert batch.ends.count(b"run-" + b"x" * 200) == 1
+    assert [tuple(v) for v in unpack(batch.data, batch.ends)] == rows
+    inline = b"".join(msgspec.msgpack.encode(row) for row in rows)
+    assert len(batch.data) < len(inline) - 49 * 200
+
+
+def test_a_batch_of_the_earlier_form_reads_the_same() -> None:
+    """Texts inline in each record, `ends` only the records' ends: what earlier versions wrote."""
+    rows = [values(n, run="r" if n % 2 else "s") for n in range(1, 6)]
+    data, ends = bytearray(), array.array("I")
+    for row in rows:
+        data += msgspec.msgpack.encode(row)
+        ends.append(len(data))
+    if sys.byteorder == "big":
+        ends.byteswap()
+    assert [tuple(v) for v in unpack(bytes(data), ends.tobytes())] == rows
+    assert [tuple(v) for v in unpack(bytes(data), ends.tobytes(), skip=3)] == rows[3:]
+    index = Index.of(ends.tobytes())
+    assert index.texts == [] and index.offsets[-1] == len(data)
