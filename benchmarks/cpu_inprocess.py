@@ -29,6 +29,7 @@ import pstats
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,26 @@ WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = 
     "judge": (_judge_request, lambda: _CHAT_ANSWER, 256),
     "ocr": (_ocr_request, lambda: _logprobs_answer(128), 256),
 }
+
+
+def _thread_cpu() -> dict[str, tuple[float, float, int, int]]:
+    """Each of this process's threads, by Python name: CPU seconds (user, system), context
+    switches (voluntary and not) and minor page faults."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[str, tuple[float, float, int, int]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (task / "status").read_text().splitlines()
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        switches = sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+        name = names.get(int(task.name), f"tid {task.name}")
+        user, system, before, faults = used.get(name, (0.0, 0.0, 0, 0))
+        used[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick,
+                      before + switches, faults + int(fields[7]))
+    return used
 
 
 class _Pipe:
@@ -246,6 +267,7 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
         print(f"{clients.done} requests profiled ({clients.bad} not 200): {args.profile}")
     else:
         per: list[float] = []
+        threads_before = _thread_cpu()
         for _ in range(args.bursts):
             start = time.process_time()
             clients = await burst(args.requests)
@@ -254,6 +276,15 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
         print(f"gateway CPU per request: min {per[0]:.1f} us, median {per[len(per) // 2]:.1f} us"
               f" ({args.workload}, {args.bursts} bursts of {args.requests}, c={args.connections},"
               f" {clients.bad} not 200)")
+        if args.threads:
+            after, done = _thread_cpu(), args.bursts * args.requests
+            for name, (user, system, switches, faults) in after.items():
+                user0, system0, switches0, faults0 = threads_before.get(name, (0.0, 0.0, 0, 0))
+                user, system = (user - user0) / done * 1e6, (system - system0) / done * 1e6
+                if user + system >= 0.05:
+                    print(f"  thread {name}: {user:.1f} us user + {system:.1f} us system per"
+                          f" request; per request {(switches - switches0) / done:.3f} context"
+                          f" switches, {(faults - faults0) / done:.3f} page faults")
     await lifespan.shutdown()
 
 
@@ -270,6 +301,8 @@ def main() -> None:
                         help="one burst under cProfile: the top functions, stats to FILE")
     parser.add_argument("--callgrind", action="store_true",
                         help="one burst with valgrind's instrumentation on (run under callgrind)")
+    parser.add_argument("--threads", action="store_true",
+                        help="also the CPU per request of each thread (the loop, the ledger's)")
     args = parser.parse_args()
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i) for i in range(2)]
