@@ -17,8 +17,11 @@
     │   └── ResponseTooLarge      502  a replica's answer is over GRM_MAX_RESPONSE_BYTES
     ├── BackendRejected           4xx  the engine refused the request; its status and message kept
     ├── NotFound                  404  a ledger record that does not exist (or is another key's)
-    ├── LedgerUnavailable         ---  the ledger's store failed (full disk, database gone):
-    │                                  counted and logged, never an answer's failure
+    ├── LedgerUnavailable         503  the ledger's store failed (full disk, database gone):
+    │   │                              counted and logged, never an answer's failure (only
+    │   │                              a `GET /v1/ledger/...` read's)
+    │   └── LedgerNotMoved        503  a ledger file of an earlier layout, read before a
+    │                                  gateway (or `ledger upgrade`) moved it
     └── ConfigError               ---  invalid configuration found at start-up (CLI exits)
 
 Lower-library errors (httpx, json) are translated into this tree where they occur; handlers map the
@@ -119,7 +122,12 @@ class NotFound(GrmError):
 
 
 class LedgerUnavailable(GrmError):
+    http_status = 503
     code = "ledger_unavailable"
+
+
+class LedgerNotMoved(LedgerUnavailable):
+    pass
 
 
 class ConfigError(GrmError):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grm_service.errors import LedgerUnavailable
+from grm_service.errors import LedgerNotMoved, LedgerUnavailable
 from grm_service.ledger.store import Run, Store
 from grm_service.ledger.upgrade import move_rows
 
@@ -88,7 +88,7 @@ class SqliteStore(Store):
         if "ledger_batches" in tables:
             return
         if "ledger" in tables:
-            raise LedgerUnavailable(
+            raise LedgerNotMoved(
                 f"ledger {self.path} is of an earlier layout (a row per record): a gateway of "
                 "this version moves it into batches when it opens it, or run `grm-service "
                 "ledger upgrade`")

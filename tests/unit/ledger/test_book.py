@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,41 @@ async def test_a_hit_comes_from_the_store_after_a_restart(tmp_path: Path) -> Non
     again, how = await ask(second, SCORE, "grm-1", engine)
     await second.close()
     assert how == "hit" and engine.calls == 1 and again.payload == computed.payload
+
+
+async def test_a_hit_is_found_while_another_process_holds_the_write_lock(tmp_path: Path) -> None:
+    """A worker moving an earlier ledger into batches holds the file's write lock for seconds:
+    the cache's reader opens without it (a WAL reader), where a writable open waited 10 s."""
+    engine = Engine()
+    first = Ledger(settings(tmp_path), Metrics())
+    first.start()
+    await ask(first, SCORE, "grm-1", engine)
+    await first.close()
+    other = sqlite3.connect(tmp_path / "l.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    second = Ledger(settings(tmp_path), Metrics())
+    second.start()
+    try:
+        _, how = await asyncio.wait_for(ask(second, SCORE, "grm-1", engine), 5)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    await second.close()
+    assert how == "hit" and engine.calls == 1
+
+
+async def test_a_ledger_of_the_earlier_layout_is_a_miss_until_moved(tmp_path: Path) -> None:
+    """Another worker moves it (here: nobody, the writer never flushes in the test's time)."""
+    with sqlite3.connect(tmp_path / "l.sqlite") as db:
+        db.execute("CREATE TABLE ledger (id INTEGER PRIMARY KEY, at REAL)")
+    book = Ledger(settings(tmp_path), Metrics())  # not started: its writer never opens it
+    engine = Engine()
+    _, how = await ask(book, SCORE, "grm-1", engine)
+    tables = sqlite3.connect(tmp_path / "l.sqlite").execute(
+        "SELECT name FROM sqlite_master").fetchall()
+    assert how == "" and engine.calls == 1 and tables == [("ledger",)]
+    await book.close()  # its writer moves it now (no records) and writes this one
+    assert len(open_store(str(tmp_path / "l.sqlite")).records(Selection())) == 1
 
 
 async def test_another_identity_or_path_is_a_miss(ledger: Ledger) -> None:
