@@ -393,8 +393,11 @@ def test_unknown_pin_is_400_and_known_pin_serves(gateway: Proc, stubs: list[Proc
 def test_502_names_the_replica_not_its_address(tmp_path: Path) -> None:
     stub = start_stub(tmp_path)
     port = stub.url.rsplit(":", 1)[1]
+    # No health check between the kill and the request: one would mark the replica down first,
+    # and the answer would be a 503 (no healthy replica), not the failed attempt's 502.
+    env = {"GRM_CANARY": "false", "GRM_HEALTH_INTERVAL_S": "600"}
     with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
-                         timeout=60, env={"GRM_CANARY": "false"}) as gw:
+                         timeout=60, env=env) as gw:
         stub.stop(signal.SIGKILL)
         r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
                        json={"messages": [{"role": "user", "content": "x"}]})
