@@ -4,7 +4,7 @@
     batches.py   a flush's records packed as one row: the blob, its tags, digests and lookups
     store.py     the Store every backend implements: batches written, records read back
     upgrade.py   a ledger of the earlier one-row-per-record layout moved into batches
-    location.py  `open_store(location)`: which backend a location names
+    location.py  `open_store(location)`: which backend a location names; `open_reader`
     sqlite.py    the embedded default: one SQLite file in WAL mode, owner-only
     postgres.py  several gateways sharing one ledger (psycopg 3)
     writer.py    batched writes off the event loop; drops counted, never an answer's failure

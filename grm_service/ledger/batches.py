@@ -49,8 +49,8 @@ _DECODER = msgspec.msgpack.Decoder()
 # The columns of `_shared`, whose values are the batch's texts: text in every record ever written.
 _SHARED = tuple(COLUMNS.index(c) for c in ("key_id", "run", "route", "path", "fingerprint_id",
                                            "fields"))
-# `ends` that begins with this word holds the batch's texts first: a record's end never reads so
-# (a batch's blob is under MAX_BATCH_BYTES), so an earlier batch's `ends` never begins with it.
+# `ends` that begins with this word holds the batch's texts first. A record's end, a uint32, is
+# below it (a request body is bounded far under 4 GiB): an earlier batch's `ends` never begins so.
 _TEXTS_MARK = 0xFFFFFFFF
 
 

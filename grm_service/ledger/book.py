@@ -26,10 +26,10 @@ from functools import partial
 from typing import Any, TypeVar
 
 from grm_service.config import LedgerBodies, Settings
-from grm_service.errors import LedgerNotMoved, LedgerUnavailable
+from grm_service.errors import LedgerUnavailable
 from grm_service.fingerprint import parts_digest
 from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
-from grm_service.ledger.location import open_store
+from grm_service.ledger.location import open_reader, open_store
 from grm_service.ledger.records import Origin, Record, fields_json
 from grm_service.ledger.store import Store, row
 from grm_service.ledger.writer import Writer
@@ -161,19 +161,8 @@ class Ledger:
 
     def _on_reader(self, query: Callable[[Store], T]) -> T:
         if self._reader_store is None:
-            self._reader_store = self._open_reader()
+            self._reader_store = open_reader(self._location)
         return query(self._reader_store)
-
-    def _open_reader(self) -> Store:
-        """Read-only first: a SQLite file's writable open takes its write lock to make the
-        tables, and another worker moving an earlier ledger into batches holds that lock for
-        seconds, where a reader (WAL) need not wait: until it is moved, a lookup is a miss."""
-        try:
-            return open_store(self._location, readonly=True)
-        except LedgerNotMoved:
-            raise
-        except LedgerUnavailable:
-            return open_store(self._location)  # no ledger there yet: made as the writer would
 
     def _close_reader(self) -> None:
         if self._reader_store is not None:
