@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import json
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_images
 import procs
+from ledger_split import Counts, thread_counts
 
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
@@ -127,23 +129,14 @@ WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = 
 }
 
 
-def _thread_cpu() -> dict[str, tuple[float, float, int, int]]:
-    """Each of this process's threads, by Python name: CPU seconds (user, system), context
-    switches (voluntary and not) and minor page faults."""
+def _thread_cpu() -> dict[str, Counts]:
+    """Each of this process's threads' /proc counters, by Python name."""
     names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    used: dict[str, tuple[float, float, int, int]] = {}
+    used: dict[str, Counts] = {}
     for task in Path("/proc/self/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (task / "status").read_text().splitlines()
-        except FileNotFoundError:
-            continue  # a thread that ended meanwhile
-        switches = sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
-        name = names.get(int(task.name), f"tid {task.name}")
-        user, system, before, faults = used.get(name, (0.0, 0.0, 0, 0))
-        used[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick,
-                      before + switches, faults + int(fields[7]))
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            name = names.get(int(task.name), f"tid {task.name}")
+            used[name] = used.get(name, Counts()) + thread_counts(task)
     return used
 
 
@@ -278,13 +271,13 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> None:
               f" {clients.bad} not 200)")
         if args.threads:
             after, done = _thread_cpu(), args.bursts * args.requests
-            for name, (user, system, switches, faults) in after.items():
-                user0, system0, switches0, faults0 = threads_before.get(name, (0.0, 0.0, 0, 0))
-                user, system = (user - user0) / done * 1e6, (system - system0) / done * 1e6
+            for name, counts in after.items():
+                d = counts - threads_before.get(name, Counts())
+                user, system = d.utime / done * 1e6, d.stime / done * 1e6
                 if user + system >= 0.05:
                     print(f"  thread {name}: {user:.1f} us user + {system:.1f} us system per"
-                          f" request; per request {(switches - switches0) / done:.3f} context"
-                          f" switches, {(faults - faults0) / done:.3f} page faults")
+                          f" request; per request {(d.vcsw + d.ivcsw) / done:.3f} context"
+                          f" switches, {d.minflt / done:.3f} page faults")
     await lifespan.shutdown()
 
 

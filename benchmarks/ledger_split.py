@@ -54,7 +54,8 @@ class Counts:
                       self.minflt - other.minflt, self.vcsw - other.vcsw, self.ivcsw - other.ivcsw)
 
 
-def _thread(path: Path) -> Counts:
+def thread_counts(path: Path) -> Counts:
+    """The counters of the thread at `path` (/proc/PID/task/TID)."""
     fields = (path / "stat").read_text().rsplit(")", 1)[1].split()
     status = dict(line.split(":", 1) for line in (path / "status").read_text().splitlines()
                   if ":" in line)
@@ -76,7 +77,7 @@ def split(pid: int) -> tuple[Counts, Counts]:
     main, others = Counts(), Counts()
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, KeyError, IndexError, ValueError):
-            counts = _thread(task)
+            counts = thread_counts(task)
             if int(task.name) == pid:
                 main = counts
             else:

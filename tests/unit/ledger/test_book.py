@@ -158,8 +158,9 @@ async def test_a_ledger_of_the_earlier_layout_is_a_miss_until_moved(tmp_path: Pa
     book = Ledger(settings(tmp_path), Metrics())  # not started: its writer never opens it
     engine = Engine()
     _, how = await ask(book, SCORE, "grm-1", engine)
-    tables = sqlite3.connect(tmp_path / "l.sqlite").execute(
-        "SELECT name FROM sqlite_master").fetchall()
+    look = sqlite3.connect(tmp_path / "l.sqlite")
+    tables = look.execute("SELECT name FROM sqlite_master").fetchall()
+    look.close()
     assert how == "" and engine.calls == 1 and tables == [("ledger",)]
     await book.close()  # its writer moves it now (no records) and writes this one
     assert len(open_store(str(tmp_path / "l.sqlite")).records(Selection())) == 1
