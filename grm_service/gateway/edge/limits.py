@@ -102,7 +102,7 @@ class EdgeLimits:
             # Off the loop: a trim walks the whole heap (milliseconds after a large burst). A
             # loop that is shutting down has no executor left: the process is exiting anyway.
             with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().run_in_executor(None, release_freed, self.keep_bytes)
+                asyncio.get_running_loop().run_in_executor(None, release_freed)
 
     def _sweep(self) -> None:
         self.now = now = time.monotonic()

@@ -1,4 +1,5 @@
-"""Freed memory kept for reuse: a multi-megabyte buffer allocated again costs no page faults.
+"""Freed memory kept for reuse: a multi-megabyte buffer allocated again costs no page faults;
+and handed back whole after a burst, wherever in the heap it lies.
 
 Runs in a child interpreter: malloc's settings are process-wide and would outlive the test.
 """
@@ -37,3 +38,28 @@ def test_kept_memory_is_reused_without_page_faults() -> None:
     pages = (9 << 20) // 4096
     assert _faults_per_request(0) > pages / 2  # the default gives it back: faulted in again
     assert _faults_per_request(256 << 20) < 50
+
+
+TRIM_CHILD = """
+import sys
+from grm_service.gateway.heap import keep_freed_memory, release_freed
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+assert keep_freed_memory(256 << 20)
+idle = rss()
+# The burst's buffers are the last allocated: freed, they join the heap's top, which a trim
+# with a pad of the kept size would leave resident.
+burst = [b"x" * (8 << 20) + b"y" for _ in range(24)]
+del burst
+assert release_freed()
+print(rss() - idle)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_burst_freed_at_the_heaps_top_is_handed_back() -> None:
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], check=True, capture_output=True,
+                         text=True, timeout=60)
+    assert int(out.stdout) < 16 << 20  # of 192 MiB freed
