@@ -18,7 +18,7 @@ from typing import Any
 import blake3
 from pydantic import BaseModel, Field
 
-from grm_service.canonical import canonical_json
+from grm_service.canonical import canonical_json, canonical_value
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def response_digest(payload: Mapping[str, Any]) -> str:
     """THE output digest, over what the model produced (`produced`: each choice's index,
     content or a completion's `text`, logprobs; or a pooling answer's `data`). The served
     fingerprint, the canaries and `verify` all compare this one."""
-    return json_digest(produced(payload))
+    return digest(canonical_value(produced(payload)))
 
 
 class Fingerprint(BaseModel):
