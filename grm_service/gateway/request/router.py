@@ -13,19 +13,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from grm_service.canonical import canonical_json
+from grm_service.checksum import crc32
 
 _MASK64 = (1 << 64) - 1
 
 
 def key_of(canonical: bytes) -> int:
-    return zlib.crc32(canonical)
+    return crc32(canonical)
 
 
 def key_of_parts(parts: Iterable[bytes | memoryview]) -> int:
     """`key_of` the concatenation of `parts`, without building it."""
     crc = 0
     for part in parts:
-        crc = zlib.crc32(part, crc)
+        crc = crc32(part, crc)
     return crc
 
 

@@ -4,6 +4,7 @@ refused from their bytes."""
 from __future__ import annotations
 
 import io
+import random
 
 import pytest
 from PIL import Image
@@ -44,3 +45,34 @@ def test_formats_outside_the_list_are_refused() -> None:
     Image.new("RGB", (8, 8)).save(out, "PPM")
     with pytest.raises(ImageError, match="not one of PNG"):
         check_image(out.getvalue(), ImageLimits(1 << 20, 100_000))
+
+
+def _pillow_verify_refuses(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as img:
+            img.verify()
+    except Exception:
+        return True
+    return False
+
+
+def test_png_chunks_are_refused_exactly_where_pillows_verify_refuses_them() -> None:
+    raw = encoded("PNG", (400, 300))  # several IDAT chunks
+    rng = random.Random(7)
+    cases = [raw[:cut] for cut in range(0, len(raw), max(1, len(raw) // 300))]
+    for _ in range(300):
+        flipped = bytearray(raw)
+        flipped[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        cases.append(bytes(flipped))
+    cases += [raw + b"trailing", raw[:-12] + raw[-12:].replace(b"IEND", b"IEN!")]
+    limits = ImageLimits(1 << 22, 1 << 22)
+    refused = 0
+    for data in cases:
+        try:
+            check_image(data, limits)
+            ours = False
+        except ImageError:
+            ours = True
+        assert ours == _pillow_verify_refuses(data), data[:64]
+        refused += ours
+    assert 300 < refused < len(cases)  # both outcomes were tried
