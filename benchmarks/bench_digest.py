@@ -1,0 +1,65 @@
+"""CPU per response digest: the C encoder's canonical JSON against `canonical_value`'s msgspec
+form, on what `fingerprint.produced` takes from an answer (the same bytes either way; this
+checks it on every answer it times).
+
+Answers: cpu_inprocess.py's OCR answer (128 tokens with logprobs, most of them confident:
+logprobs near 0, in the ranges whose layout is rewritten), the same with 5 top logprobs per
+token, and a short judge answer without logprobs. Each is timed in turn, `--repeat` times,
+the minimum of each kept (per call, us).
+
+    .venv/bin/python benchmarks/bench_digest.py [--repeat 7] [--number 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from cpu_inprocess import _logprobs_answer
+
+from grm_service.canonical import canonical_json, canonical_value
+from grm_service.fingerprint import produced
+
+
+def _with_top(value: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    for entry in value[0]["logprobs"]["content"]:
+        entry["top_logprobs"] = [{"token": entry["token"], "logprob": entry["logprob"] * (i + 1),
+                                  "bytes": entry["bytes"]} for i in range(k)]
+    return value
+
+
+def answers() -> dict[str, Any]:
+    ocr = produced(json.loads(_logprobs_answer(128)))
+    judge = [{"index": 0, "content": "Score: 7. The answer is correct but terse.",
+              "logprobs": None}]
+    return {"OCR, 128 logprobs": ocr,
+            "OCR, 128 logprobs x 5 top": _with_top(produced(json.loads(_logprobs_answer(128))), 5),
+            "judge, no logprobs": judge}
+
+
+def _time(fn: Callable[[], bytes], repeat: int, number: int) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=300)
+    args = parser.parse_args()
+    print("| answer | bytes | C encoder us | canonical_value us | ratio |")
+    print("|---|---|---|---|---|")
+    for name, value in answers().items():
+        want = canonical_json(value)
+        assert canonical_value(value) == want, name
+        slow = _time(lambda v=value: canonical_json(v), args.repeat, args.number)
+        fast = _time(lambda v=value: canonical_value(v), args.repeat, args.number)
+        print(f"| {name} | {len(want):,} | {slow:.1f} | {fast:.1f} | {slow / fast:.2f}x |")
+    print(f"\nrerun: .venv/bin/python benchmarks/bench_digest.py --repeat {args.repeat} "
+          f"--number {args.number}")
+
+
+if __name__ == "__main__":
+    main()
