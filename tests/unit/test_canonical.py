@@ -1,9 +1,10 @@
 """`canonical.canonical_value` gives exactly `canonical_json`'s bytes, which are
 `json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`: on
-generated JSON values, on strings made to look like the numbers it rewrites, and on floats of
-every range (random bit patterns, each power of ten and of two and their neighbours, float32
-values as logprobs are). Both ways are held to the reference: the msgspec form where it
-answers, and the C encoder where it declines.
+generated JSON values (their strings made of quotes, backslashes and the numbers it rewrites
+too), on strings made to look like those numbers, and on floats of every range (random bit
+patterns, each power of ten and of two and their neighbours, float32 values as logprobs are).
+Both ways are held to the reference: the msgspec form where it answers, and the C encoder
+where it declines.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def test_an_answer_with_logprobs_takes_the_msgspec_form() -> None:
 
 @pytest.mark.parametrize("text", [
     "1e-7", "2e16", "x:1e-7,", "[0.00001]", "0.000012", "10.00005", "Invoice50", "e-6", "\u001e7",
-    "a 1e+16 b", "null", "-0.0000123", "1.5e-10",
+    "a 1e+16 b", "null", "-0.0000123", "1.5e-10", 'q"1e-7', '\\"1e-7', '\\', '\\1e-7"0.00001',
+    '"', '\\"', ":0.00002,",
 ])
 def test_a_string_that_looks_like_a_rewritten_number_is_kept(text: str) -> None:
     for value in (text, [text, 1e-7, 1.2e-5], {text: 1e16, "k": [text]}, {"token": text}):
@@ -108,12 +110,15 @@ def test_a_lone_surrogate_raises_as_the_c_encoder_does() -> None:
         canonical_value("\ud800")
 
 
+# Text made of what the rewrites look for, and of quotes and backslashes around it.
+TRICKY = st.text(alphabet='"\\e-+0.123456789x:,[]{}\n', max_size=24)
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.floats(min_value=-1e-4, max_value=1e-4) | TRICKY
     | st.text(alphabet=st.characters(blacklist_categories=("Cs",))),
     lambda children: st.lists(children, max_size=6)
-    | st.dictionaries(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
-                      children, max_size=6),
+    | st.dictionaries(TRICKY | st.text(alphabet=st.characters(blacklist_categories=("Cs",)),
+                                         max_size=8), children, max_size=6),
     max_leaves=40,
 )
 

@@ -83,4 +83,3 @@ def test_least_loaded_prefers_idle_then_rendezvous() -> None:
     assert order[2:] == ["r3", "r0"]
     tied = [r for r in router.rendezvous_order(99, REPLICAS) if r in ("r1", "r2")]
     assert order[:2] == tied
-
