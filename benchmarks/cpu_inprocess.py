@@ -213,13 +213,13 @@ class _Clients:
         self._send(i)
 
 
-async def _run(args: argparse.Namespace, urls: list[str]) -> None:
+async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> None:
     # No health checks while measuring: the replica hop is in memory, and under valgrind a
     # check of the STUB replicas times out, marks them down, and the burst is answered 503. A
     # ledger of its own: two runs side by side (before, after) would lock each other's.
     settings = Settings(backend_urls=urls, served_model_name=procs.STUB_MODEL, serialize="off",
                         health_interval_s=3600.0,
-                        work_dir=Path(tempfile.mkdtemp(prefix="grm-inprocess-")))
+                        work_dir=work_dir)
     service = Service(settings)
     app = create_app(service)
     protocol = protocol_for(service)
@@ -303,9 +303,9 @@ def main() -> None:
     parser.add_argument("--threads", action="store_true",
                         help="also the CPU per request of each thread (the loop, the ledger's)")
     args = parser.parse_args()
-    with procs.fleet() as f:
+    with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="grm-inprocess-") as work:
         stubs = [procs.start_stub(f, i) for i in range(2)]
-        uvloop.run(_run(args, [s.url for s in stubs]))
+        uvloop.run(_run(args, [s.url for s in stubs], Path(work)))
 
 
 if __name__ == "__main__":
