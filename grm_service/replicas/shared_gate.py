@@ -29,15 +29,24 @@ the process's locks).
 Waiting, without polling: locks are only ever tried without blocking (a waiting request stays
 cancellable by the queue timeout and never blocks the event loop). A request that must wait
 parks on an event (wakeups.py), after counting itself in its worker's *waiters* slot of the
-replica (an exclusive request in its *writers* slot too); whoever frees something on the replica
-(a count, the hold or intent byte) then reads the waiters and wakes those workers, except that a
-reader's momentary hold of the intent byte, which every request takes, wakes only the writers:
-nothing else waits for that byte. Both the waiter's count and the freer's read are made under the
-replica's count lock, and the waiter tries again after counting itself, so a wake-up cannot be
-lost: either the freer sees the waiter, or the waiter's next try sees what was freed. (A reader's
-momentary look at the intent byte reads the waiters without the lock: every step involved there is
-a lock call on the same file, which the kernel orders.) One task per process and replica waits for
-each kind of thing at a time, so a wake-up retries a few tasks, not every queued request.
+replica, and in the slot of what it waits for: *writers* (the exclusive lock) or *slots* (one of
+the in-flight bound's). Both the waiter's count and the freer's read are made under the
+replica's count lock, and the waiter tries again after counting itself, so a freer either sees
+the waiter or the waiter's next try sees what was freed. One task per process and replica waits
+for each kind of thing at a time, so a wake-up retries a few tasks, not every queued request.
+
+Who is woken:
+- a freed slot wakes *one* worker waiting for a slot, the next in turn after the last one this
+  process woke (one worker could take it; waking every one cost N - 1 failed retries per
+  request below saturation, benchmarks/gpu/RESULTS.md). A slot waiter that leaves, with a slot
+  or without (its queue timeout), hands the wake-up on while a slot is still free and another
+  worker waits for one, so a wake-up whose waiter has gone, or two sent to one worker, is not
+  lost;
+- a freed hold byte wakes the writers; a writer's end wakes every waiter (rare, and any of
+  them may go on);
+- a reader's momentary hold of the intent byte, which every request takes, wakes only the
+  writers (its look at the counts takes no lock: every step involved there is a lock call on
+  the same file, which the kernel orders).
 """
 
 from __future__ import annotations
@@ -57,9 +66,10 @@ _UNBOUNDED = 1 << 30
 MAX_REPLICAS = 4096
 _BYTES_PER_REPLICA = 3  # lock bytes: hold, intent, count
 # The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
-# ones waiting for exclusive (the only ones a reader's glance at the intent byte can block).
-_HOLDERS, _WAITERS, _WRITERS = 0, 1, 2
-_TABLES = 3
+# ones waiting for exclusive (the only ones a reader's glance at the intent byte can block) and
+# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them).
+_HOLDERS, _WAITERS, _WRITERS, _SLOTS = 0, 1, 2, 3
+_TABLES = 4
 
 
 def _counts_path(gates: Path) -> Path:
@@ -99,10 +109,12 @@ class Counts:
     def add(self, replica: int, delta: int) -> None:
         self._slots[self._at(_HOLDERS, replica, self.worker)] += delta
 
-    def park(self, replica: int, delta: int, exclusive: bool) -> None:
+    def park(self, replica: int, delta: int, kind: int) -> None:
+        """Count a parked task (`delta` 1) or its leaving (-1); `kind` what it waits for:
+        _WRITERS, _SLOTS, or _WAITERS for the read lock (counted in that table only)."""
         self._slots[self._at(_WAITERS, replica, self.worker)] += delta
-        if exclusive:
-            self._slots[self._at(_WRITERS, replica, self.worker)] += delta
+        if kind != _WAITERS:
+            self._slots[self._at(kind, replica, self.worker)] += delta
 
     def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
         """The other workers with a task waiting on `replica` (on every release: kept cheap);
@@ -116,11 +128,15 @@ class Counts:
     def writers_elsewhere(self, replica: int) -> list[int]:
         return self.parked_elsewhere(replica, _WRITERS)
 
-    def release_one(self, replica: int) -> list[int]:
-        """Give back one shared slot; the other workers waiting on `replica` (call it under the
-        replica's count lock: module doc)."""
-        self.add(replica, -1)
-        return self.parked_elsewhere(replica)
+    def next_slot_waiter(self, replica: int, start: int) -> int | None:
+        """The first worker from `start` on, in turn (this one included), with a task waiting
+        for a slot of `replica`."""
+        base = self._at(_SLOTS, replica, 0)
+        row = self._slots[base:base + self.workers].tolist()
+        if not any(row):
+            return None
+        return next(w % self.workers for w in range(start, start + self.workers)
+                    if row[w % self.workers])
 
     def close(self) -> None:
         self._slots.release()
@@ -178,6 +194,7 @@ class SharedGate(Gate):
         self._wakeups = wakeups
         self._readers = 0  # this process's shared holders that hold the read lock
         self._parked = 0  # this process's tasks waiting on this replica
+        self._turn = counts.worker + 1  # where the next look for a slot waiter starts
         self._locking = asyncio.Lock()  # one task per process waits for the read lock
         self._counting = asyncio.Lock()  # and one for a shared slot
 
@@ -206,7 +223,7 @@ class SharedGate(Gate):
                 await self._lock_exclusive()
             elif self._locking.locked() or not self._try_shared():  # else: no wait, no queue
                 async with self._locking:
-                    await self._until(self._try_shared, exclusive=False)
+                    await self._until(self._try_shared, _WAITERS)
         except BaseException:  # the queue timeout cancelled the wait: give the local slot back
             await self._local.release(exclusive)
             raise
@@ -215,7 +232,7 @@ class SharedGate(Gate):
         try:
             if self._counting.locked() or not self._take_count(capacity):
                 async with self._counting:
-                    await self._until(lambda: self._take_count(capacity), exclusive=False)
+                    await self._until(lambda: self._take_count(capacity), _SLOTS, capacity)
         except BaseException:
             await self.release(False, counted=False)
             raise
@@ -223,25 +240,37 @@ class SharedGate(Gate):
     async def release(self, exclusive: bool, counted: bool = True) -> None:
         if not exclusive:
             self._readers -= 1
-        if exclusive or not self._readers:
+        unlocked = exclusive or not self._readers
+        if unlocked:
             self._unlock(self._hold)
         if counted and not exclusive:
             self._lock_counts()
             try:
-                elsewhere = self._counts.release_one(self._index)
+                self._counts.add(self._index, -1)
+                waiter = self._next_slot_waiter()
+                writers = self._counts.writers_elsewhere(self._index) if unlocked else []
             finally:
                 self._unlock(self._count_lock)
-            self._wake(elsewhere)
+            self._wake_one(waiter)
+            if writers:
+                self._wakeups.wake(writers)
         else:
             self._changed()
         await self._local.release(exclusive)
 
-    async def _until(self, attempt: Callable[[], bool], exclusive: bool) -> None:
-        """Until `attempt()` succeeds, woken by every change to the replica (module doc);
-        `exclusive`: the attempt is an exclusive request's."""
+    async def _until(self, attempt: Callable[[], bool], kind: int,
+                     capacity: int = _UNBOUNDED) -> None:
+        """Until `attempt()` succeeds, woken by the changes to the replica that `kind` waits for
+        (module doc): _WAITERS the read lock, _WRITERS the exclusive one, _SLOTS one of
+        `capacity` slots."""
         if attempt():
             return
-        self._park(1, exclusive)
+        self._parked += 1
+        self._lock_counts()
+        try:
+            self._counts.park(self._index, 1, kind)
+        finally:
+            self._unlock(self._count_lock)
         try:
             while True:
                 woken = self._wakeups.event()
@@ -249,15 +278,33 @@ class SharedGate(Gate):
                     return
                 await woken.wait()
         finally:
-            self._park(-1, exclusive)
+            self._unpark(kind, capacity)
 
-    def _park(self, delta: int, exclusive: bool) -> None:
-        self._parked += delta
+    def _unpark(self, kind: int, capacity: int) -> None:
+        """A parked task leaves; a slot waiter hands a wake-up on while a slot is free."""
+        self._parked -= 1
+        waiter = None
         self._lock_counts()
         try:
-            self._counts.park(self._index, delta, exclusive)
+            self._counts.park(self._index, -1, kind)
+            if kind == _SLOTS and self._counts.total(self._index) < capacity:
+                waiter = self._next_slot_waiter()
         finally:
             self._unlock(self._count_lock)
+        self._wake_one(waiter)
+
+    def _next_slot_waiter(self) -> int | None:
+        """The next worker in turn waiting for a slot (call it under the count lock)."""
+        waiter = self._counts.next_slot_waiter(self._index, self._turn)
+        if waiter is not None:
+            self._turn = waiter + 1
+        return waiter
+
+    def _wake_one(self, worker: int | None) -> None:
+        if worker == self._counts.worker:
+            self._wakeups.wake_here()
+        elif worker is not None:
+            self._wakeups.wake([worker])
 
     def _changed(self) -> None:
         """Something on this replica was freed: wake whoever waits for it, anywhere."""
@@ -310,9 +357,9 @@ class SharedGate(Gate):
 
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
-        await self._until(lambda: self._lock(self._intent, exclusive=True), exclusive=True)
+        await self._until(lambda: self._lock(self._intent, exclusive=True), _WRITERS)
         try:
-            await self._until(lambda: self._lock(self._hold, exclusive=True), exclusive=True)
+            await self._until(lambda: self._lock(self._hold, exclusive=True), _WRITERS)
         finally:
             self._unlock(self._intent)
             self._changed()

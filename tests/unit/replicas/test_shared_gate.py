@@ -168,9 +168,9 @@ def test_a_waiting_exclusive_request_is_not_starved_by_shared_ones(tmp_path: Pat
     assert stream.exitcode == 0
 
 
-def _hold_bounded(path: str, worker: int, tasks: int, capacity: int, out: str,
+def _hold_bounded(path: str, worker: int, workers: int, tasks: int, capacity: int, out: str,
                   go: Barrier) -> None:
-    gate = GateFile(Path(path), worker, 2).gate(0)
+    gate = GateFile(Path(path), worker, workers).gate(0)
     go.wait(_START_S)
     spans = asyncio.run(_hold_many(gate, False, tasks, 6, capacity))
     Path(out).write_text(json.dumps(spans))
@@ -189,7 +189,8 @@ def _bounded_run(tmp_path: Path, tasks: list[int], capacity: int) -> list[list[f
     go = _SPAWN.Barrier(len(tasks) + 1)
     lock = str(tmp_path / "gates")
     outs = [str(tmp_path / f"w{w}.json") for w in range(len(tasks))]
-    procs = [_SPAWN.Process(target=_hold_bounded, args=(lock, w, n, capacity, outs[w], go))
+    procs = [_SPAWN.Process(target=_hold_bounded,
+                            args=(lock, w, len(tasks), n, capacity, outs[w], go))
              for w, n in enumerate(tasks)]
     for proc in procs:
         proc.start()
@@ -200,10 +201,14 @@ def _bounded_run(tmp_path: Path, tasks: list[int], capacity: int) -> list[list[f
     return [span for out in outs for span in json.loads(Path(out).read_text())]
 
 
-def test_the_inflight_bound_holds_for_the_sum_over_workers(tmp_path: Path) -> None:
-    spans = _bounded_run(tmp_path, tasks=[4, 4], capacity=3)
-    assert len(spans) == 48
-    assert _most_at_once(spans) == 3  # 8 holders would overlap without the shared count
+@pytest.mark.parametrize("tasks", [[4, 4], [3, 3, 3, 3]], ids=["2-workers", "4-workers"])
+def test_the_inflight_bound_holds_for_the_sum_over_workers(tmp_path: Path,
+                                                           tasks: list[int]) -> None:
+    """Every slot freed reaches a waiter (else a run ends in a join's timeout), and no more
+    than the bound hold at once."""
+    spans = _bounded_run(tmp_path, tasks=tasks, capacity=3)
+    assert len(spans) == 6 * sum(tasks)
+    assert _most_at_once(spans) == 3  # 8 or 12 would overlap without the shared count
 
 
 def test_one_busy_worker_may_use_the_whole_bound(tmp_path: Path) -> None:
@@ -315,3 +320,109 @@ def test_a_request_start_does_not_wake_a_worker_waiting_for_a_slot(tmp_path: Pat
     # About one wake-up per request's end (fewer where two came in one read); the starts had
     # woken as many again (201 of 100 requests before they stopped).
     assert 0 < calls[0] <= requests * 1.3, calls[0]
+
+
+def _count_wakeups(gates: GateFile) -> list[int]:
+    """The wake-ups `gates`' worker receives from now on (set before its loop reads them)."""
+    wakeups = gates._wakeups
+    received = wakeups._received
+    calls = [0]
+
+    def counted() -> None:
+        calls[0] += 1
+        received()
+
+    wakeups._received = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def _one_done(tasks: dict[asyncio.Task[None], int]) -> int:
+    """The worker whose task ends next, once no other one ends soon after it."""
+    done, _ = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.sleep(0.1)  # a second wake-up, had there been one, has arrived by now
+    done = {task for task in tasks if task.done()}
+    assert len(done) == 1, f"{len(done)} waiters got the one slot"
+    task = done.pop()
+    task.result()
+    return tasks.pop(task)
+
+
+def test_a_freed_slot_wakes_one_waiting_worker_in_turn(tmp_path: Path) -> None:
+    """Four workers (one process and loop: the wake-ups still go through their sockets), one
+    slot: each release wakes the next waiting worker only, not every one (N - 1 failed retries
+    per request below saturation), and the turn goes round."""
+    files = [GateFile(tmp_path / "gates", worker, 4) for worker in range(4)]
+    calls = [_count_wakeups(gates) for gates in files]
+
+    async def take_in_turn() -> list[int]:
+        gates = [gates.gate(0) for gates in files]
+        await gates[0].acquire(False, 1)
+        waiting = {asyncio.create_task(gates[w].acquire(False, 1)): w for w in (1, 2, 3)}
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in waiting), "worker 0 holds the one slot"
+        order, holder = [], 0
+        while waiting:
+            await gates[holder].release(False)
+            holder = await _one_done(waiting)
+            order.append(holder)
+        await gates[holder].release(False)
+        return order
+
+    try:
+        assert asyncio.run(take_in_turn()) == [1, 2, 3]
+    finally:
+        for gates in files:
+            gates.close()
+    assert [c[0] for c in calls] == [0, 1, 1, 1]  # waking all: 0, 1, 2, 3 (6 retries)
+
+
+def test_a_wake_up_whose_waiter_has_gone_is_handed_on(tmp_path: Path) -> None:
+    """The worker woken for a freed slot lost its waiter to the queue timeout before its loop
+    read the wake-up: the slot still reaches the next worker waiting for one."""
+    files = [GateFile(tmp_path / "gates", worker, 3) for worker in range(3)]
+
+    async def cancel_the_woken_one() -> None:
+        gates = [gates.gate(0) for gates in files]
+        await gates[0].acquire(False, 1)
+        first = asyncio.create_task(gates[1].acquire(False, 1))
+        second = asyncio.create_task(gates[2].acquire(False, 1))
+        await asyncio.sleep(0.1)
+        await gates[0].release(False)  # no await that yields: worker 1 is woken, not run yet
+        assert first.cancel()
+        async with asyncio.timeout(10):
+            await second
+        await gates[2].release(False)
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    try:
+        asyncio.run(cancel_the_woken_one())
+    finally:
+        for gates in files:
+            gates.close()
+
+
+def test_two_wake_ups_sent_to_one_worker_are_not_lost(tmp_path: Path) -> None:
+    """Workers 0 and 3 each free a slot, and each one's turn finds worker 1 first: its one
+    waiter takes one slot and hands the other wake-up on, to worker 2."""
+    files = [GateFile(tmp_path / "gates", worker, 4) for worker in range(4)]
+
+    async def free_two_at_once() -> None:
+        gates = [gates.gate(0) for gates in files]
+        await gates[0].acquire(False, 2)
+        await gates[3].acquire(False, 2)
+        waiting = [asyncio.create_task(gates[w].acquire(False, 2)) for w in (1, 2)]
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in waiting), "workers 0 and 3 hold both slots"
+        await gates[0].release(False)
+        await gates[3].release(False)
+        async with asyncio.timeout(10):
+            await asyncio.gather(*waiting)
+        for w in (1, 2):
+            await gates[w].release(False)
+
+    try:
+        asyncio.run(free_two_at_once())
+    finally:
+        for gates in files:
+            gates.close()
