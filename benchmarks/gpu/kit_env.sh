@@ -8,7 +8,8 @@ KIT=${KIT:?the folder with whl/ and bin/}
 SITE=/tmp/grm-bench-site
 python3 -m pip install -q --no-index --no-compile --target "$SITE" --find-links "$KIT/whl" \
     fastapi 'uvicorn[standard]' httpx httptools pydantic pydantic-settings prometheus-client \
-    typer rich blake3 rapidfuzz pybase64 google-re2 pyyaml msgspec psutil pillow vllm-router || exit 3
+    typer rich blake3 rapidfuzz pybase64 google-re2 pyyaml msgspec psutil pillow isal \
+    vllm-router || exit 3
 rm -rf .venv  # a venv's python is a link to the interpreter: never write through it
 mkdir -p .venv/bin
 printf '#!/bin/sh\nPYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}%s" exec python3 "$@"\n' "$SITE" \

@@ -195,6 +195,7 @@ class SharedGate(Gate):
         self._readers = 0  # this process's shared holders that hold the read lock
         self._parked = 0  # this process's tasks waiting on this replica
         self._turn = counts.worker + 1  # where the next look for a slot waiter starts
+        self._kept = 0  # slots freed here in a row that went to this worker's own waiter
         self._locking = asyncio.Lock()  # one task per process waits for the read lock
         self._counting = asyncio.Lock()  # and one for a shared slot
 
@@ -247,7 +248,7 @@ class SharedGate(Gate):
             self._lock_counts()
             try:
                 self._counts.add(self._index, -1)
-                waiter = self._next_slot_waiter()
+                waiter = self._slot_goes_to()
                 writers = self._counts.writers_elsewhere(self._index) if unlocked else []
             finally:
                 self._unlock(self._count_lock)
@@ -292,6 +293,16 @@ class SharedGate(Gate):
         finally:
             self._unlock(self._count_lock)
         self._wake_one(waiter)
+
+    def _slot_goes_to(self) -> int | None:
+        """Who a slot freed here wakes (under the count lock): this worker's own waiter, which
+        costs no other process a wake-up, but at most `workers - 1` times in a row, so every
+        worker waiting gets its turn."""
+        if self._counting.locked() and self._kept < self._counts.workers - 1:
+            self._kept += 1
+            return self._counts.worker
+        self._kept = 0
+        return self._next_slot_waiter()
 
     def _next_slot_waiter(self) -> int | None:
         """The next worker in turn waiting for a slot (call it under the count lock)."""

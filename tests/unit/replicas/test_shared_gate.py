@@ -426,3 +426,37 @@ def test_two_wake_ups_sent_to_one_worker_are_not_lost(tmp_path: Path) -> None:
     finally:
         for gates in files:
             gates.close()
+
+
+def test_a_freed_slot_stays_with_its_worker_but_every_worker_gets_its_turn(
+        tmp_path: Path) -> None:
+    """Two slots, worker 1 holds one throughout. Worker 0 queues 12 requests for the other:
+    its own waiter takes a slot it frees (no other process woken), but at most workers - 1 = 2
+    times in a row, so worker 2, waiting all along, is not starved until that queue is empty."""
+    files = [GateFile(tmp_path / "gates", worker, 3) for worker in range(3)]
+    holds: list[int] = []
+
+    async def hold(worker: int, gate: Gate) -> None:
+        async with gate.slot(False, 2):
+            holds.append(worker)
+            await asyncio.sleep(0.005)
+
+    async def busy_worker_beside_a_waiting_one() -> None:
+        gates = [gates.gate(0) for gates in files]
+        await gates[1].acquire(False, 2)
+        local = [asyncio.create_task(hold(0, gates[0])) for _ in range(12)]
+        await asyncio.sleep(0.002)  # worker 0 holds the second slot and has waiters
+        waiting = asyncio.create_task(hold(2, gates[2]))
+        async with asyncio.timeout(20):
+            await asyncio.gather(*local, waiting)
+        await gates[1].release(False)
+
+    try:
+        asyncio.run(busy_worker_beside_a_waiting_one())
+    finally:
+        for gates in files:
+            gates.close()
+    assert sorted(holds) == [0] * 12 + [2]
+    # 12 without the turn; 1 where every freed slot goes by turn (a wake-up for another
+    # process every time).
+    assert 2 <= holds.index(2) <= 3, holds
