@@ -292,15 +292,7 @@ def test_a_request_start_does_not_wake_a_worker_waiting_for_a_slot(tmp_path: Pat
     other.start()
     _await_file(ready, "worker 0 never held its slot")
     gates = GateFile(lock, 1, 2)
-    wakeups = gates._wakeups
-    received = wakeups._received
-    calls = [0]
-
-    def counted() -> None:
-        calls[0] += 1
-        received()
-
-    wakeups._received = counted  # type: ignore[method-assign]  # before the loop reads it
+    calls = _count_wakeups(gates)
 
     async def wait_for_the_slot() -> None:
         gate = gates.gate(0)
