@@ -36,9 +36,10 @@ the waiter or the waiter's next try sees what was freed. One task per process an
 for each kind of thing at a time, so a wake-up retries a few tasks, not every queued request.
 
 Who is woken:
-- a freed slot wakes *one* worker waiting for a slot, the next in turn after the last one this
-  process woke (one worker could take it; waking every one cost N - 1 failed retries per
-  request below saturation, benchmarks/gpu/RESULTS.md). A slot waiter that leaves, with a slot
+- a freed slot wakes *one* worker waiting for a slot (one worker could take it; waking every
+  one cost N - 1 failed retries per request below saturation, benchmarks/gpu/RESULTS.md): this
+  worker's own waiter, which wakes no other process, at most N - 1 times in a row, else the
+  next worker in turn after the last one this process woke. A slot waiter that leaves, with a slot
   or without (its queue timeout), hands the wake-up on while a slot is still free and another
   worker waits for one, so a wake-up whose waiter has gone, or two sent to one worker, is not
   lost;
@@ -117,7 +118,7 @@ class Counts:
             self._slots[self._at(kind, replica, self.worker)] += delta
 
     def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
-        """The other workers with a task waiting on `replica` (on every release: kept cheap);
+        """The other workers with a task waiting on `replica` (on every request's start: cheap);
         `table` _WRITERS: those waiting for exclusive only."""
         base = self._at(table, replica, 0)
         row = self._slots[base:base + self.workers].tolist()
