@@ -107,6 +107,10 @@ class Counts:
         base = self._at(_HOLDERS, replica, 0)
         return sum(self._slots[base:base + self.workers])
 
+    def _row(self, table: int, replica: int) -> list[int]:
+        base = self._at(table, replica, 0)
+        return self._slots[base:base + self.workers].tolist()
+
     def add(self, replica: int, delta: int) -> None:
         self._slots[self._at(_HOLDERS, replica, self.worker)] += delta
 
@@ -120,8 +124,7 @@ class Counts:
     def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
         """The other workers with a task waiting on `replica` (on every request's start: cheap);
         `table` _WRITERS: those waiting for exclusive only."""
-        base = self._at(table, replica, 0)
-        row = self._slots[base:base + self.workers].tolist()
+        row = self._row(table, replica)
         if not any(row):
             return []
         return [w for w, parked in enumerate(row) if parked and w != self.worker]
@@ -132,8 +135,7 @@ class Counts:
     def next_slot_waiter(self, replica: int, start: int) -> int | None:
         """The first worker from `start` on, in turn (this one included), with a task waiting
         for a slot of `replica`."""
-        base = self._at(_SLOTS, replica, 0)
-        row = self._slots[base:base + self.workers].tolist()
+        row = self._row(_SLOTS, replica)
         if not any(row):
             return None
         return next(w % self.workers for w in range(start, start + self.workers)

@@ -368,9 +368,11 @@ def test_a_freed_slot_wakes_one_waiting_worker_in_turn(tmp_path: Path) -> None:
     assert [c[0] for c in calls] == [0, 1, 1, 1]  # waking all: 0, 1, 2, 3 (6 retries)
 
 
-def test_a_wake_up_whose_waiter_has_gone_is_handed_on(tmp_path: Path) -> None:
+def test_a_freed_slot_still_reaches_a_waiter_when_the_woken_one_has_gone(
+        tmp_path: Path) -> None:
     """The worker woken for a freed slot lost its waiter to the queue timeout before its loop
-    read the wake-up: the slot still reaches the next worker waiting for one."""
+    read the wake-up: the slot still reaches the next worker waiting for one (the cancelled
+    request's release wakes the waiters, and its waiter's leaving hands the wake-up on)."""
     files = [GateFile(tmp_path / "gates", worker, 3) for worker in range(3)]
 
     async def cancel_the_woken_one() -> None:
