@@ -137,7 +137,7 @@ def backend(
     dtype: Dtype = None,
     max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
-    work_dir: Annotated[Path | None, typer.Option(help="Temp and compile caches.")] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="Replica logs and temp folders.")] = None,
 ) -> None:
     """Run ONE deterministic replica in the foreground (one container per GPU; attach with
     `serve --backend-url`). Extra engine args go after `--`."""

@@ -284,10 +284,11 @@ class Settings(BaseSettings):
     )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
-        description="Replica logs, temp and compile caches.",
+        description="Replica logs and temp folders.",
     )
     cache_dir: Path = Field(
-        default_factory=_default_cache_dir, description="Model-hash cache and tiny models."
+        default_factory=_default_cache_dir,
+        description="Model-hash cache, the engines' compile cache, tiny models."
     )
 
     @field_validator(

@@ -66,7 +66,7 @@ class VllmGpu(Engine):
         return determinism.gpu_env(self.settings.seed)
 
     def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
-        env = {"VLLM_CACHE_ROOT": str(spec.work_dir / "vllm-cache"), "TMPDIR": str(spec.tmp_dir),
+        env = {"VLLM_CACHE_ROOT": str(self.compile_cache()), "TMPDIR": str(spec.tmp_dir),
                vllm_plugin.REPLICA_ENV: "1"}  # the plugin acts only where this is set
         if spec.gpus:
             # `--gpus` ids are nvidia-smi's; CUDA counts fastest-first unless told PCI order.
