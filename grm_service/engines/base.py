@@ -111,7 +111,7 @@ class Engine(ABC):
         version and the config, written atomically and re-made where a load fails. One per cache
         dir, as vLLM's own default is one per user, not one per replica: the replicas of a
         service and its later starts reuse what the first start made (measured: a CPU replica's
-        start 52 -> 41 s on two cores, benchmarks/SUITE.md)."""
+        start 61 -> 48 s on two cores, benchmarks/replica_start.py)."""
         return self.settings.cache_dir / "vllm"
 
     def gpu_set(self, index: int) -> tuple[int, ...]:
