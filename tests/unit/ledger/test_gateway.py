@@ -25,8 +25,10 @@ ITEMS = [{"id": "a", "completion": "x", "reference": "y"},
 
 
 def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
-    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
-                    scorers=SCORERS, **over)
+    """No live audit unless a test asks: its re-run of a sampled hit (1 % by default, drawn at
+    random) would reach the STUB beside the requests a test counts there."""
+    return Settings(**{"backend_urls": [stub.url], "served_model_name": "rm",
+                       "work_dir": tmp_path, "scorers": SCORERS, "audit_fraction": 0.0, **over})
 
 
 async def flushed(gw: Gateway) -> None:
@@ -84,7 +86,7 @@ async def test_a_bad_step_tag_is_a_400_naming_it(stub: Proc, tmp_path: Path) -> 
 async def test_a_repeated_score_batch_is_answered_from_the_ledger(stub: Proc,
                                                                   tmp_path: Path) -> None:
     # No audit: a sampled hit is re-run on an engine by design, which this counts as a miss.
-    async with serving(settings(stub, tmp_path, audit_fraction=0.0)) as (hot, _), \
+    async with serving(settings(stub, tmp_path)) as (hot, _), \
             client(hot) as api:
         body = {"scorer": "length", "items": ITEMS}
         await received(stub.url)
