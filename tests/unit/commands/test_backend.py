@@ -12,7 +12,8 @@ from grm_service.engines import select_engine
 
 def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> None:
     settings = Settings(model="/models/rm", engine="vllm-cpu", seed=7, host="0.0.0.0", port=9100,
-                        served_model_name="rm", work_dir=tmp_path, engine_args=["--enforce-eager"],
+                        served_model_name="rm", work_dir=tmp_path, cache_dir=tmp_path / "cache",
+                        engine_args=["--enforce-eager"],
                         engine_env={"EXTRA": "1"})
     command = backend_command(settings, {"PATH": "/bin", "PYTHONHASHSEED": "0"})
     argv, env = command.argv, command.env
