@@ -55,13 +55,15 @@ def http_post_json(url: str, body: dict[str, object], headers: dict[str, str] | 
         return resp.status, json.loads(resp.read())
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of a process (all its threads) and of its live descendants."""
+def cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """utime+stime of a process (all its threads) and of its live descendants; `reaped`: plus
+    what each of them has waited for of its exited children (cutime+cstime)."""
+    columns = (11, 12, 13, 14) if reaped else (11, 12)
     total = 0.0
     for p in [pid, *_descendants(pid)]:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICKS
+            total += sum(int(fields[i]) for i in columns) / _TICKS
     return total
 
 

@@ -17,8 +17,6 @@ CPU is the process group's at /health, reaped children included (vLLM's inspecti
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -36,16 +34,6 @@ FLAGS = ["--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
          "--served-model-name", "tiny"]
 
 
-def tree_cpu(pid: int) -> float:
-    """utime + stime of the process and its live descendants, plus what each of them reaped."""
-    total = 0.0
-    for p in [pid, *procs._descendants(pid)]:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def start_once(f: procs.Fleet, model: Path, cache: Path, work: Path, name: str,
                engine_args: list[str]) -> tuple[float, float]:
     port = procs.free_port()
@@ -55,7 +43,7 @@ def start_once(f: procs.Fleet, model: Path, cache: Path, work: Path, name: str,
     proc = f.spawn(name, argv, f"http://127.0.0.1:{port}",
                    env={"GRM_CACHE_DIR": str(cache), "VLLM_CPU_OMP_THREADS_BIND": "0"})
     procs.wait_ready(proc, "/health", timeout=600)
-    wall, cpu = time.monotonic() - started, tree_cpu(proc.pid)
+    wall, cpu = time.monotonic() - started, procs.cpu_seconds(proc.pid, reaped=True)
     proc.stop()
     return wall, cpu
 
