@@ -102,10 +102,11 @@ class Engine(ABC):
         # them in the gateway's /metrics (an engine_env entry still sets one on purpose).
         base_env = {k: v for k, v in base_env.items() if k != MULTIPROCESS_ENV}
         env = {**base_env, **self.deterministic_env(), **self.settings.engine_env,
-               **self.replica_env(spec), CACHE_DIR_ENV: str(self.settings.cache_dir)}
-        return ChildCommand(argv, env, (spec.tmp_dir, self.compile_cache()))
+               **self.replica_env(spec), CACHE_DIR_ENV: str(self.settings.cache_dir),
+               "VLLM_CACHE_ROOT": str(self.vllm_cache())}
+        return ChildCommand(argv, env, (spec.tmp_dir, self.vllm_cache()))
 
-    def compile_cache(self) -> Path:
+    def vllm_cache(self) -> Path:
         """vLLM's cache (`VLLM_CACHE_ROOT`): the model class's inspection (a subprocess that
         imports vLLM) and compiled graphs, keyed by vLLM itself on the model code, the engine
         version and the config, written atomically and re-made where a load fails. One per cache

@@ -53,7 +53,6 @@ class VllmCpu(Engine):
         return {
             BIND_ENV: bind,
             "TMPDIR": str(spec.tmp_dir),
-            "VLLM_CACHE_ROOT": str(self.compile_cache()),
             "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
             vllm_plugin.REPLICA_ENV: "1",  # the plugin acts only where this is set
         }

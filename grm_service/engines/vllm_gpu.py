@@ -66,8 +66,8 @@ class VllmGpu(Engine):
         return determinism.gpu_env(self.settings.seed)
 
     def replica_env(self, spec: ReplicaSpec) -> dict[str, str]:
-        env = {"VLLM_CACHE_ROOT": str(self.compile_cache()), "TMPDIR": str(spec.tmp_dir),
-               vllm_plugin.REPLICA_ENV: "1"}  # the plugin acts only where this is set
+        # The plugin acts only where REPLICA_ENV is set.
+        env = {"TMPDIR": str(spec.tmp_dir), vllm_plugin.REPLICA_ENV: "1"}
         if spec.gpus:
             # `--gpus` ids are nvidia-smi's; CUDA counts fastest-first unless told PCI order.
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

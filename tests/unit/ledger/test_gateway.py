@@ -27,8 +27,9 @@ ITEMS = [{"id": "a", "completion": "x", "reference": "y"},
 def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
     """No live audit unless a test asks: its re-run of a sampled hit (1 % by default, drawn at
     random) would reach the STUB beside the requests a test counts there."""
-    return Settings(**{"backend_urls": [stub.url], "served_model_name": "rm",
-                       "work_dir": tmp_path, "scorers": SCORERS, "audit_fraction": 0.0, **over})
+    over.setdefault("audit_fraction", 0.0)
+    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+                    scorers=SCORERS, **over)
 
 
 async def flushed(gw: Gateway) -> None:
