@@ -107,7 +107,7 @@ class Counts:
         base = self._at(_HOLDERS, replica, 0)
         return sum(self._slots[base:base + self.workers])
 
-    def _row(self, table: int, replica: int) -> list[int]:
+    def row(self, table: int, replica: int) -> list[int]:
         base = self._at(table, replica, 0)
         return self._slots[base:base + self.workers].tolist()
 
@@ -124,7 +124,7 @@ class Counts:
     def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
         """The other workers with a task waiting on `replica` (on every request's start: cheap);
         `table` _WRITERS: those waiting for exclusive only."""
-        row = self._row(table, replica)
+        row = self.row(table, replica)
         if not any(row):
             return []
         return [w for w, parked in enumerate(row) if parked and w != self.worker]
@@ -135,7 +135,7 @@ class Counts:
     def next_slot_waiter(self, replica: int, start: int) -> int | None:
         """The first worker from `start` on, in turn (this one included), with a task waiting
         for a slot of `replica`."""
-        row = self._row(_SLOTS, replica)
+        row = self.row(_SLOTS, replica)
         if not any(row):
             return None
         return next(w % self.workers for w in range(start, start + self.workers)
@@ -174,6 +174,11 @@ class GateFile:
         if not 0 <= index < MAX_REPLICAS:
             raise ValueError(f"at most {MAX_REPLICAS} replicas share gates across workers")
         return SharedGate(self._fd, index, self._counts, self._wakeups)
+
+    def slot_waiters(self, index: int) -> list[int]:
+        """Per worker, its tasks waiting for a slot of the replica at `index` (a look at the
+        count map without its lock: a snapshot, for checks and tests)."""
+        return self._counts.row(_SLOTS, index)
 
     def close(self) -> None:
         self._wakeups.close()

@@ -426,22 +426,36 @@ def test_a_freed_slot_stays_with_its_worker_but_every_worker_gets_its_turn(
         tmp_path: Path) -> None:
     """Two slots, worker 1 holds one throughout. Worker 0 queues 12 requests for the other:
     its own waiter takes a slot it frees (no other process woken), but at most workers - 1 = 2
-    times in a row, so worker 2, waiting all along, is not starved until that queue is empty."""
+    times in a row, so worker 2, waiting all along, is not starved until that queue is empty.
+
+    Worker 0's first holder keeps its slot until worker 2 is seen parked in the count map: with a
+    timed wait instead, a stalled loop could run worker 2's first try right after that release,
+    before the woken local waiter, and worker 2 would take the slot at once (barging, not turn)."""
     files = [GateFile(tmp_path / "gates", worker, 3) for worker in range(3)]
     holds: list[int] = []
 
-    async def hold(worker: int, gate: Gate) -> None:
+    async def hold(worker: int, gate: Gate, until: asyncio.Event | None = None) -> None:
         async with gate.slot(False, 2):
             holds.append(worker)
+            if until is not None:
+                await until.wait()
             await asyncio.sleep(0.005)
+
+    async def parked_for_a_slot(worker: int) -> None:
+        while not files[0].slot_waiters(0)[worker]:
+            await asyncio.sleep(0.001)
 
     async def busy_worker_beside_a_waiting_one() -> None:
         gates = [gates.gate(0) for gates in files]
         await gates[1].acquire(False, 2)
-        local = [asyncio.create_task(hold(0, gates[0])) for _ in range(12)]
-        await asyncio.sleep(0.002)  # worker 0 holds the second slot and has waiters
-        waiting = asyncio.create_task(hold(2, gates[2]))
+        all_parked = asyncio.Event()
+        local = [asyncio.create_task(hold(0, gates[0], all_parked))]
+        local += [asyncio.create_task(hold(0, gates[0])) for _ in range(11)]
         async with asyncio.timeout(20):
+            await parked_for_a_slot(0)
+            waiting = asyncio.create_task(hold(2, gates[2]))
+            await parked_for_a_slot(2)
+            all_parked.set()
             await asyncio.gather(*local, waiting)
         await gates[1].release(False)
 
@@ -453,4 +467,4 @@ def test_a_freed_slot_stays_with_its_worker_but_every_worker_gets_its_turn(
     assert sorted(holds) == [0] * 12 + [2]
     # 12 without the turn; 1 where every freed slot goes by turn (a wake-up for another
     # process every time).
-    assert 2 <= holds.index(2) <= 3, holds
+    assert holds.index(2) == 3, holds
