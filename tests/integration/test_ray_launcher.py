@@ -8,7 +8,11 @@ node left, and serves the same bits again. One cluster serves every Ray test her
 The launched and attached replicas are the run's shared ones (tests/support/engines.py). The
 attached ones answer before the cluster starts, and are then stopped (this module is their last
 user), while the launched service comes up beside the cluster (tests/integration/conftest.py
-starts it with this module)."""
+starts it with this module).
+
+Under `pytest --cov` the cluster runs unmeasured: no data of Ray's processes reached the report
+(the lines only the actor runs, `ReplicaProcess.__init__` and `start`, were always missing), while
+coverage's tracer slowed Ray's own Python daemons, the actors and the engines they start."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
 from tests.integration.conftest import release_if_last
-from tests.support.engines import RECIPES, EnginePool, attach_args
+from tests.support.engines import RECIPES, EnginePool, attach_args, unmeasured_environ
 from tests.support.procs import Proc, descendants, free_port, pids_alive, running_gateway
 
 pytest.importorskip("ray")
@@ -113,7 +117,7 @@ def ray_start(tmp: Path, name: str, env: dict[str, str], *args: str) -> subproce
     with (tmp / f"{name}.log").open("wb") as out:
         return subprocess.Popen([ray_cli, "start", "--block", "--disable-usage-stats", *args],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **env})
+                                env={**unmeasured_environ(), **env})
 
 
 def kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> None:
@@ -132,7 +136,7 @@ def cluster_nodes(address: str, env: dict[str, str]) -> int:
     code = (f"import ray; ray.init(address={address!r}, log_to_driver=False); "
             "print(sum(1 for n in ray.nodes() if n['Alive']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+                          env={**unmeasured_environ(), **env}, timeout=120)
     return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
 
 

@@ -96,10 +96,14 @@ def start_backend(root: Path, model: Path, flags: list[str], name: str,
 
 
 def _env(extra: dict[str, str] | None, measured: bool) -> dict[str, str]:
-    env = {**os.environ, **(extra or {})}
-    if not measured:
-        env.pop(COVERAGE_ENV, None)
-    return env
+    return {**(os.environ if measured else unmeasured_environ()), **(extra or {})}
+
+
+def unmeasured_environ() -> dict[str, str]:
+    """This process's environment without coverage's subprocess switch: for a child that runs
+    none of grm_service (or whose data coverage cannot collect), which the tracer would only
+    slow down."""
+    return {k: v for k, v in os.environ.items() if k != COVERAGE_ENV}
 
 
 def wait_answering(proc: Proc, path: str = "/grm/identity", timeout: float = START_TIMEOUT_S
