@@ -29,7 +29,13 @@ import pytest
 from grm_service.engine_side import compat
 from grm_service.fingerprint import model_hash
 from grm_service.tiny_models import ensure_tiny_model
-from tests.support.engines import RECIPES, attach_args, start_backend, wait_answering
+from tests.support.engines import (
+    RECIPES,
+    attach_args,
+    start_backend,
+    unmeasured_environ,
+    wait_answering,
+)
 from tests.support.procs import Proc, free_port, running_gateway, start_gateway, wait_ready
 
 pytestmark = pytest.mark.engine
@@ -37,12 +43,14 @@ pytestmark = pytest.mark.engine
 SERVED = RECIPES["text"].served
 
 
-def _spawn(tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+def _spawn(tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None,
+           measured: bool = True) -> Proc:
     port = int(argv[argv.index("--port") + 1])
     log = tmp / f"{name}-{port}.log"
+    base = os.environ if measured else unmeasured_environ()
     with log.open("wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env={**os.environ, **(env or {})})
+                                 start_new_session=True, env={**base, **(env or {})})
     return Proc(popen, f"http://127.0.0.1:{port}", log)
 
 
@@ -62,7 +70,7 @@ def start_plain_vllm(tmp: Path, model: Path) -> Proc:
     return _spawn(tmp, "plain", [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
-        "--served-model-name", SERVED, "--enforce-eager"], env)
+        "--served-model-name", SERVED, "--enforce-eager"], env, measured=False)
 
 
 def change_weights_in_place(model: Path) -> None:
@@ -107,7 +115,11 @@ def suspects(tmp: Path, text_backends: list[Proc]) -> Iterator[Suspects]:
     change_weights_in_place(model)
     started = [
         start_backend(tmp, model, RECIPES["text"].flags(), "stale", {"GRM_CACHE_DIR": str(cache)}),
-        start_backend(tmp, ensure_tiny_model("text"), recipe_flags("bfloat16"), "bf16"),
+        # Unmeasured: both run engine-side code `stale` and the launched replicas measure (the
+        # plugin's idle path in vLLM's own server: tests/unit/engine_side), at half again the
+        # CPU of an engine under coverage's tracer.
+        start_backend(tmp, ensure_tiny_model("text"), recipe_flags("bfloat16"), "bf16",
+                      measured=False),
         start_plain_vllm(tmp, ensure_tiny_model("text")),
     ]
     try:
