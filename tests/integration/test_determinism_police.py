@@ -115,9 +115,9 @@ def suspects(tmp: Path, text_backends: list[Proc]) -> Iterator[Suspects]:
     change_weights_in_place(model)
     started = [
         start_backend(tmp, model, RECIPES["text"].flags(), "stale", {"GRM_CACHE_DIR": str(cache)}),
-        # Unmeasured: both run engine-side code `stale` and the launched replicas measure (the
-        # plugin's idle path in vLLM's own server: tests/unit/engine_side), at half again the
-        # CPU of an engine under coverage's tracer.
+        # Unmeasured (bf16 here, plain in start_plain_vllm): the engine-side code they run is
+        # measured in `stale` and the launched replicas, the plugin's idle path in vLLM's own
+        # server in tests/unit/engine_side; coverage's tracer costs an engine half again its CPU.
         start_backend(tmp, ensure_tiny_model("text"), recipe_flags("bfloat16"), "bf16",
                       measured=False),
         start_plain_vllm(tmp, ensure_tiny_model("text")),
