@@ -55,6 +55,12 @@ def http_post_json(url: str, body: dict[str, object], headers: dict[str, str] | 
         return resp.status, json.loads(resp.read())
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (index 1 the ppid, 11 and 12 utime and
+    stime in ticks, 19 the start time); OSError where the process has gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int, reaped: bool = False) -> float:
     """utime+stime of a process (all its threads) and of its live descendants; `reaped`: plus
     what each of them has waited for of its exited children (cutime+cstime)."""
@@ -62,7 +68,7 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float:
     total = 0.0
     for p in [pid, *_descendants(pid)]:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(p)
             total += sum(int(fields[i]) for i in columns) / _TICKS
     return total
 
@@ -73,7 +79,7 @@ def _descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(stat_fields(int(entry.name))[1])
             children.setdefault(ppid, []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:

@@ -1,12 +1,11 @@
 """Where a test run's CPU goes: every process on the machine sampled from /proc, its CPU time
 summed by what it is (vLLM engines, gateways, pytest's workers, the fuzzer, Ray, ...).
 
-Runs beside the command it is given and prints a table when that command ends; a process is
-counted with the CPU it had used when last seen (sampled every `--every` seconds, so a process
-that lives less than that is missed, and the last interval of each is not counted; what ran
-before the command counts from its start). A process is
-classed by its own command line, else by its nearest classed ancestor (multiprocessing children,
-a gateway's workers).
+Runs beside the command it is given and prints a table when that command ends. A process is
+counted with the CPU it had used when last seen (sampled every `--every` seconds: one that lives
+less than that is missed, and the last interval of each is not counted); one that ran before the
+command counts from the command's start. A process is classed by its own command line, else by
+its nearest classed ancestor (multiprocessing children, a gateway's workers).
 
     .venv/bin/python benchmarks/suite_cpu.py -- .venv/bin/python -m pytest --cov
 """
@@ -19,6 +18,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import procs
 
 # (class, any of these in the command line), first match wins.
 CLASSES = [
@@ -33,6 +37,8 @@ CLASSES = [
     ("pytest", ("pytest",)),
 ]
 TICKS = os.sysconf("SC_CLK_TCK")
+# A process is (pid, start time in ticks): a pid the kernel hands out again is another process.
+Key = tuple[int, int]
 
 
 @dataclass
@@ -42,43 +48,45 @@ class Seen:
     cpu_s: float
 
 
-def read(pid: int) -> Seen | None:
+def read(pid: int) -> tuple[Key, Seen] | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        fields = procs.stat_fields(pid)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    comm = stat[stat.index("(") + 1:stat.rindex(")")]
-    return Seen(int(fields[1]), f"{cmdline} [{comm}]", (int(fields[11]) + int(fields[12])) / TICKS)
+    seen = Seen(int(fields[1]), f"{cmdline.decode(errors='replace').strip()} [{comm}]",
+                (int(fields[11]) + int(fields[12])) / TICKS)
+    return (pid, int(fields[19])), seen
 
 
 def own_class(cmdline: str) -> str | None:
     return next((name for name, marks in CLASSES if any(m in cmdline for m in marks)), None)
 
 
-def class_of(pid: int, seen: dict[int, Seen]) -> str:
-    hops = 0
-    while pid in seen and hops < 64:
-        found = own_class(seen[pid].cmdline)
+def class_of(key: Key, seen: dict[Key, Seen], alive: dict[int, Key]) -> str:
+    """By the process's own command line, else its parent's, and so on (a parent is looked up
+    by pid among the processes last seen with it)."""
+    for _ in range(64):
+        if key not in seen:
+            break
+        found = own_class(seen[key].cmdline)
         if found:
             return found
-        pid, hops = seen[pid].ppid, hops + 1
+        parent = alive.get(seen[key].ppid)
+        if parent is None:
+            break
+        key = parent
     return "other"
 
 
-def sample(seen: dict[int, Seen]) -> None:
+def sample(seen: dict[Key, Seen], alive: dict[int, Key]) -> None:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            now = read(int(entry))
-            if now is not None:
-                old = seen.get(int(entry))
-                # A pid reused by a new process starts its own count.
-                if old is not None and old.cmdline == now.cmdline and now.cpu_s < old.cpu_s:
-                    continue
-                seen[int(entry)] = now
+            found = read(int(entry))
+            if found is not None:
+                seen[found[0]] = found[1]
+                alive[int(entry)] = found[0]
 
 
 def main() -> int:
@@ -87,22 +95,22 @@ def main() -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    seen: dict[int, Seen] = {}
-    sample(seen)
-    # What ran before the command counts only from now on.
-    before = {pid: entry.cpu_s for pid, entry in seen.items()}
+    seen: dict[Key, Seen] = {}
+    alive: dict[int, Key] = {}
+    sample(seen, alive)
+    before = {key: entry.cpu_s for key, entry in seen.items()}
     started = time.monotonic()
     child = subprocess.Popen(command)
     while child.poll() is None:
-        sample(seen)
+        sample(seen, alive)
         time.sleep(args.every)
     wall = time.monotonic() - started
-    seen.pop(os.getpid(), None)
+    seen = {key: entry for key, entry in seen.items() if key[0] != os.getpid()}
     totals: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for pid, entry in seen.items():
-        name = class_of(pid, seen)
-        totals[name] = totals.get(name, 0.0) + entry.cpu_s - before.get(pid, 0.0)
+    for key, entry in seen.items():
+        name = class_of(key, seen, alive)
+        totals[name] = totals.get(name, 0.0) + entry.cpu_s - before.get(key, 0.0)
         counts[name] = counts.get(name, 0) + 1
     total = sum(totals.values())
     print("\n| what | CPU s | share | processes |\n|---|---:|---:|---:|", file=sys.stderr)
