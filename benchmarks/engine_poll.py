@@ -13,6 +13,7 @@ per second of wall.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -26,16 +27,20 @@ from replica_start import FLAGS
 from grm_service.tiny_models import ensure_tiny_model
 
 
-def one_gap(proc: procs.Proc, gap: float, requests: int) -> tuple[float, float]:
+def one_gap(proc: procs.Proc, gap: float, requests: int) -> tuple[float, float, list[float]]:
+    """(wall s, the replica's CPU s, each request's latency s)."""
     cpu = procs.cpu_seconds(proc.pid)
     started = time.monotonic()
+    latencies = []
     for i in range(requests):
         body = {"model": "tiny", "messages": [{"role": "user", "content": f"poll {i}"}],
                 "max_tokens": 8, "temperature": 0.7, "logprobs": True}
+        sent = time.monotonic()
         status, _ = procs.http_post_json(proc.url + "/v1/chat/completions", body)
+        latencies.append(time.monotonic() - sent)
         assert status == 200, status
         time.sleep(gap)
-    return time.monotonic() - started, procs.cpu_seconds(proc.pid) - cpu
+    return time.monotonic() - started, procs.cpu_seconds(proc.pid) - cpu, latencies
 
 
 def main() -> None:
@@ -57,12 +62,14 @@ def main() -> None:
         procs.wait_ready(proc, "/health", timeout=600)
         one_gap(proc, 0.0, 3)  # warm-up
         for gap in args.gaps:
-            wall, cpu = one_gap(proc, gap, args.requests)
+            wall, cpu, latencies = one_gap(proc, gap, args.requests)
             rows.append(f"| {gap:g} | {wall:.1f} | {cpu:.1f} | {cpu / args.requests:.2f} | "
-                        f"{cpu / wall:.2f} |")
+                        f"{cpu / wall:.2f} | {statistics.median(latencies) * 1e3:.0f} | "
+                        f"{max(latencies) * 1e3:.0f} |")
     print(f"{args.requests} requests one at a time, 8 tokens with logprobs")
-    print("| gap s | wall s | replica CPU s | CPU s per request | CPU s per wall s |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| gap s | wall s | replica CPU s | CPU s per request | CPU s per wall s | "
+          "latency ms, median | latency ms, max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

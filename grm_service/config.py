@@ -152,6 +152,10 @@ class Settings(BaseSettings):
     routing: RoutingMode = Field(RoutingMode.RENDEZVOUS, description="rendezvous | least-loaded.")
     max_tokens_default: int = Field(4096, ge=1, description="max_tokens when a request has none.")
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache per CPU replica (GiB).")
+    cpu_worker_busy_loop_s: float = Field(
+        0.05, ge=0, description="How long a CPU replica's vLLM worker busy-polls for its next "
+        "step before it sleeps (vLLM's own: 1 s, a core's second spent after every request).",
+    )
     startup_timeout_s: float = Field(900.0, gt=0, description="Replica start-up limit.")
     request_timeout_s: float = Field(600.0, gt=0, description="One backend attempt's limit.")
     backend_ack_timeout_s: float = Field(

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
+from grm_service.engine_side import worker_poll
+
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "grm_service"  # the entry-point name; VLLM_PLUGINS must list it when set
@@ -249,6 +251,8 @@ def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM calls it once in each of its processes."""
     if not is_replica(os.environ):
         return  # someone else's vLLM (a trainer's rollout engine): leave it exactly as it is
+    polling = worker_poll.install(os.environ, installed_vllm_version())
+    logger.info("grm_service vLLM plugin (pid %d): %s", os.getpid(), polling)
     decision = decide(os.environ, installed_vllm_version, platform_is_cuda)
     if decision.action is Action.SKIP:
         logger.info("grm_service vLLM plugin idle (pid %d): %s", os.getpid(), decision.reason)

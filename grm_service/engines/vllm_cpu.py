@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from grm_service import determinism
-from grm_service.engine_side import compat, vllm_plugin
+from grm_service.engine_side import compat, vllm_plugin, worker_poll
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -55,4 +55,5 @@ class VllmCpu(Engine):
             "TMPDIR": str(spec.tmp_dir),
             "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
             vllm_plugin.REPLICA_ENV: "1",  # the plugin acts only where this is set
+            worker_poll.WORKER_BUSY_LOOP_ENV: str(self.settings.cpu_worker_busy_loop_s),
         }

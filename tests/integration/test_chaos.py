@@ -28,7 +28,7 @@ pytestmark = pytest.mark.engine
 
 REQUESTS = 160  # benchmarks/chaos.py runs more, and repeats them
 CONCURRENCY = 32
-KILL_AFTER = 50  # completed requests before the kill: well inside the run (and before its last 32)
+KILL_AFTER = 50  # completed requests before the kill; `drive` holds the rest back until it
 SERVED = "tiny"
 
 
@@ -64,41 +64,53 @@ async def _send(client: httpx.AsyncClient, i: int, run: Run) -> None:
     run.answers[i] = stable(r.json())
 
 
-async def _busy_pid(client: httpx.AsyncClient, victim: str) -> int:
-    """The victim's pid once it holds a request: a kill while it is idle (e.g. briefly out of
-    the pool after a slow health check) would test no failover at all."""
+async def _ready_pid(client: httpx.AsyncClient, victim: str) -> int:
+    """The victim's pid once it is in the pool: a kill while it is out of it (e.g. briefly,
+    after a slow health check) would test no failover. Whether it holds a request is not
+    asked: `/ready`'s `in_flight` is the answering worker's count only (`--workers 2`), and
+    `drive` keeps requests queued for the victim until the kill."""
     async with asyncio.timeout(120):
         while True:
             replicas = (await client.get("/ready")).json()["replicas"]
             rep = next(r for r in replicas if r["name"] == victim)
-            if rep["state"] == "ready" and rep["in_flight"] > 0:
+            if rep["state"] == "ready":
                 return int(rep["pid"])
             await asyncio.sleep(0.01)
 
 
-async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: str) -> None:
+async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: str,
+                     killed: asyncio.Event) -> None:
     while len(run.answers) + len(run.failures) < after:
         await asyncio.sleep(0.05)
-    pid = await _busy_pid(client, victim)
+    pid = await _ready_pid(client, victim)
     run.done_at_kill = len(run.answers) + len(run.failures)
     # The replica's pid leads its own process group (the reaper, vLLM and its workers).
     os.killpg(pid, signal.SIGKILL)
     run.killed_pid = pid
+    killed.set()
 
 
 async def drive(url: str, kill_after: int | None = None, victim: str = "r0") -> Run:
+    """All requests, CONCURRENCY at a time. With `kill_after`: the victim is killed once that
+    many are done, and no request past the next CONCURRENCY is sent before it is, so that the
+    kill lands with requests in flight and others still to send, however fast the machine
+    serves them."""
     run = Run()
     todo = iter(range(REQUESTS))
     limits = httpx.Limits(max_connections=CONCURRENCY + 4)
+    killed = asyncio.Event()
+    held_from = REQUESTS if kill_after is None else kill_after + CONCURRENCY
 
     async def worker(client: httpx.AsyncClient) -> None:
         for i in todo:
+            if i >= held_from:
+                await killed.wait()
             await _send(client, i, run)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
         jobs = [worker(client) for _ in range(CONCURRENCY)]
         if kill_after is not None:
-            jobs.append(_kill_when(client, run, kill_after, victim))
+            jobs.append(_kill_when(client, run, kill_after, victim, killed))
         await asyncio.gather(*jobs)
     return run
 
