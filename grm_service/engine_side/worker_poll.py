@@ -89,7 +89,7 @@ def _shortened(original: Callable[..., None], seconds: float) -> Callable[..., N
 
 def set_busy_loop(queue: object, seconds: float) -> bool:
     """Set a step queue's reader busy loop; False (and a log line) where it has none."""
-    condition = getattr(queue, "_spin_condition", None)
+    condition: Any = getattr(queue, "_spin_condition", None)
     if not getattr(condition, "is_reader", False) or not hasattr(condition, "busy_loop_s"):
         logger.warning("the worker's step queue has no reader busy loop here: vLLM's is kept")
         return False
