@@ -15,6 +15,7 @@ import pytest
 
 from grm_service.engine_side import vllm_plugin as plugin
 from grm_service.engine_side.vllm_plugin import Action, PluginError
+from tests.support.engines import unmeasured_environ
 
 REPLICA = {plugin.REPLICA_ENV: "1"}
 BI_ON = {**REPLICA, "VLLM_BATCH_INVARIANT": "1"}
@@ -213,8 +214,11 @@ def test_status_when_batch_invariance_is_off() -> None:
 
 
 def _python(code: str, env: dict[str, str]) -> str:
+    # Unmeasured: two of these import vLLM, which coverage's tracer makes 2-3x slower, and the
+    # plugin code they run outside a replica (`register`'s early return, `status`) is measured
+    # in this module's own process and in the launched replicas.
     ours = ("VLLM_", "GRM_")
-    base = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
+    base = {key: value for key, value in unmeasured_environ().items() if not key.startswith(ours)}
     result = subprocess.run(
         [sys.executable, "-c", code],
         env=base | env,

