@@ -4,10 +4,11 @@ apart burns CPU while it waits.
 
 Starts one `grm-service backend` on the tiny text model with the test suite's flags, then sends
 the same requests (8 tokens, logprobs) one at a time with a pause of each `--gaps` value between
-them, and prints per gap: the wall time, the replica's CPU (its whole process tree) and that CPU
-per second of wall.
+them, and prints per gap: the wall time, the replica's CPU (its whole process tree), that CPU
+per second of wall, and the requests' latency. One replica per value of the worker's busy loop
+(`GRM_CPU_WORKER_BUSY_LOOP_S`, grm_service/engine_side/worker_poll.py), one after the other.
 
-    .venv/bin/python benchmarks/engine_poll.py [--requests 20] [--gaps 0 0.25 2]
+    .venv/bin/python benchmarks/engine_poll.py [--requests N] [--gaps 0 2] [--busy-loops 1 0.05]
 """
 
 from __future__ import annotations
@@ -43,33 +44,49 @@ def one_gap(proc: procs.Proc, gap: float, requests: int) -> tuple[float, float, 
     return time.monotonic() - started, procs.cpu_seconds(proc.pid) - cpu, latencies
 
 
+def one_replica(f: procs.Fleet, tmp: Path, busy_loop: float, gaps: list[float],
+                requests: int) -> list[str]:
+    """A fresh replica with `GRM_CPU_WORKER_BUSY_LOOP_S=busy_loop`: one table row per gap."""
+    model = ensure_tiny_model("text")
+    port = procs.free_port()
+    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "backend", "--model", str(model),
+            "--port", str(port), *FLAGS, "--work-dir", str(tmp / f"work-{port}"), "--",
+            "--enforce-eager"]
+    proc = f.spawn(f"poll-{busy_loop:g}", argv, f"http://127.0.0.1:{port}",
+                   env={"GRM_CACHE_DIR": str(tmp / "cache"), "VLLM_CPU_OMP_THREADS_BIND": "0",
+                        "GRM_CPU_WORKER_BUSY_LOOP_S": str(busy_loop)})
+    try:
+        procs.wait_ready(proc, "/health", timeout=600)
+        one_gap(proc, 0.0, 3)  # warm-up
+        rows = []
+        for gap in gaps:
+            wall, cpu, latencies = one_gap(proc, gap, requests)
+            rows.append(f"| {busy_loop:g} | {gap:g} | {wall:.1f} | {cpu:.1f} | "
+                        f"{cpu / requests:.2f} | {cpu / wall:.2f} | "
+                        f"{statistics.median(latencies) * 1e3:.0f} | "
+                        f"{max(latencies) * 1e3:.0f} |")
+        return rows
+    finally:
+        proc.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.25, 2.0])
+    parser.add_argument("--busy-loops", type=float, nargs="+", default=[1.0, 0.05],
+                        help="values of GRM_CPU_WORKER_BUSY_LOOP_S, one replica each, in turn "
+                        "(1: vLLM's own)")
     args = parser.parse_args()
-    model = ensure_tiny_model("text")
     rows = []
     with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="grm-poll-") as tmp:
-        port = procs.free_port()
-        argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "backend", "--model", str(model),
-                "--port", str(port), *FLAGS, "--work-dir", str(Path(tmp) / "work"), "--",
-                "--enforce-eager"]
-        proc = f.spawn("poll", argv, f"http://127.0.0.1:{port}",
-                       env={"GRM_CACHE_DIR": str(Path(tmp) / "cache"),
-                            "VLLM_CPU_OMP_THREADS_BIND": "0"})
-        procs.wait_ready(proc, "/health", timeout=600)
-        one_gap(proc, 0.0, 3)  # warm-up
-        for gap in args.gaps:
-            wall, cpu, latencies = one_gap(proc, gap, args.requests)
-            rows.append(f"| {gap:g} | {wall:.1f} | {cpu:.1f} | {cpu / args.requests:.2f} | "
-                        f"{cpu / wall:.2f} | {statistics.median(latencies) * 1e3:.0f} | "
-                        f"{max(latencies) * 1e3:.0f} |")
+        for busy_loop in args.busy_loops:
+            rows += one_replica(f, Path(tmp), busy_loop, args.gaps, args.requests)
     print(f"{args.requests} requests one at a time, 8 tokens with logprobs")
-    print("| gap s | wall s | replica CPU s | CPU s per request | CPU s per wall s | "
-          "latency ms, median | latency ms, max |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| worker busy loop s | gap s | wall s | replica CPU s | CPU s per request | "
+          "CPU s per wall s | latency ms, median | latency ms, max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 
