@@ -112,3 +112,13 @@ async def test_too_deep_json_is_refused_before_the_app_parses_it() -> None:
     assert deep.status_code == 400 and "GRM_MAX_JSON_DEPTH" in deep.text
     assert fine.json()["body"] == "[" * 8 + "]" * 8
     assert inner.calls == 1
+
+
+async def test_a_singleton_header_sent_twice_is_refused_naming_it() -> None:
+    inner = Inner()
+    async with guarded(inner) as api:
+        twice = await api.post("/v1/score", content=b"{}", headers=[
+            ("authorization", "Bearer a"), ("authorization", "Bearer b")])
+        once = await api.post("/v1/score", content=b"{}", headers={"authorization": "Bearer a"})
+    assert twice.status_code == 400 and "'authorization' sent more than once" in twice.text
+    assert once.status_code == 200 and inner.calls == 1

@@ -392,3 +392,47 @@ async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> Non
     finally:
         first.close()
         second.close()
+
+
+async def test_an_upgrade_request_is_refused_400_and_closed() -> None:
+    hot = limited()
+    connection = Connection(hot, hot.app)
+    try:
+        written = await connection.send(
+            post(CHAT, b"{}", "connection: upgrade", "upgrade: websocket"))
+    finally:
+        connection.close()
+    assert written.startswith(b"HTTP/1.1 400 ") and b"Upgrade is not supported" in written
+    assert connection.wire.closed and hot.served == []
+
+
+async def test_a_connection_over_the_open_bound_is_refused_503() -> None:
+    hot = limited(max_connections=1)
+    first, second = Connection(hot, hot.app), Connection(hot, hot.app)
+    try:
+        assert second.wire.closed and second.wire.data.startswith(b"HTTP/1.1 503 ")
+        assert b"too many open connections" in second.wire.data
+        assert not first.wire.closed
+        assert (await first.send(post(CHAT, b"{}"))).startswith(b"HTTP/1.1 200 ")
+    finally:
+        first.close()
+        second.close()
+    third = Connection(hot, hot.app)  # the first one's close gave its place back
+    try:
+        assert not third.wire.closed
+    finally:
+        third.close()
+
+
+async def test_a_repeated_singleton_header_is_left_to_the_app_which_refuses_it() -> None:
+    # The hot exchange does not answer it; the guards behind it refuse it (test_guards.py).
+    hot = limited()
+    connection = Connection(hot, hot.app)
+    try:
+        written = await connection.send(
+            post(CHAT, b"{}", "authorization: Bearer a", "authorization: Bearer b"))
+    finally:
+        connection.close()
+    assert written.startswith(b"HTTP/1.1 201 ") and hot.served == []
+    assert hot.app.seen == [("POST", CHAT, b"{}")]
+
