@@ -394,14 +394,19 @@ async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> Non
         second.close()
 
 
-async def test_an_upgrade_request_is_refused_400_and_closed() -> None:
-    hot = limited()
+async def one_request(hot: Canned, raw: bytes) -> tuple[bytes, Connection]:
+    """`raw` on a connection of its own, closed after; what was written, and the connection."""
     connection = Connection(hot, hot.app)
     try:
-        written = await connection.send(
-            post(CHAT, b"{}", "connection: upgrade", "upgrade: websocket"))
+        return await connection.send(raw), connection
     finally:
         connection.close()
+
+
+async def test_an_upgrade_request_is_refused_400_and_closed() -> None:
+    hot = limited()
+    written, connection = await one_request(
+        hot, post(CHAT, b"{}", "connection: upgrade", "upgrade: websocket"))
     assert written.startswith(b"HTTP/1.1 400 ") and b"Upgrade is not supported" in written
     assert connection.wire.closed and hot.served == []
 
@@ -427,12 +432,8 @@ async def test_a_connection_over_the_open_bound_is_refused_503() -> None:
 async def test_a_repeated_singleton_header_is_left_to_the_app_which_refuses_it() -> None:
     # The hot exchange does not answer it; the guards behind it refuse it (test_guards.py).
     hot = limited()
-    connection = Connection(hot, hot.app)
-    try:
-        written = await connection.send(
-            post(CHAT, b"{}", "authorization: Bearer a", "authorization: Bearer b"))
-    finally:
-        connection.close()
+    written, _ = await one_request(
+        hot, post(CHAT, b"{}", "authorization: Bearer a", "authorization: Bearer b"))
     assert written.startswith(b"HTTP/1.1 201 ") and hot.served == []
     assert hot.app.seen == [("POST", CHAT, b"{}")]
 
