@@ -4,9 +4,9 @@ vLLM's engine core sends each step to its worker process through a shared-memory
 worker reads it in a loop that calls `sched_yield` for `busy_loop_s` (1 s, not configurable)
 after every message before it sleeps on a socket: right for a GPU host with cores to spare,
 but on CPU replicas every request costs the worker about a second of a core after its last
-step. That second is taken from the replicas and the gateway beside it (`benchmarks/engine_poll.py`,
-the tiny text model, one request every 2 s: 1.12 s of the replica's CPU per request with vLLM's
-1 s, 0.18 s with 0.05 s, the same latency).
+step. That second is taken from the replicas and the gateway beside it (`benchmarks/engine_poll.py
+--busy-loops 1 0.05`, the tiny text model, one request every 2 s: 1.11 s of the replica's CPU per
+request with vLLM's 1 s, 0.19 s with 0.05 s, the same latency).
 
 The worker's steps within a request come milliseconds apart, so a short busy loop still covers
 them; a request that comes after the loop has ended wakes the worker through the socket, as
