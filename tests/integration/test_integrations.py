@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from grm_service.integrations import trl, verl
-from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
+from tests.support.engines import COMPUTE_REPEATS, RECIPES, Replica, attach_args
 from tests.support.procs import Proc, running_gateway
 
 pytestmark = pytest.mark.engine
@@ -21,7 +21,7 @@ LABELS = ["4", "red", "hi"]
 
 
 @pytest.fixture(scope="module")
-def service(text_backends: list[Proc], tmp_path_factory: pytest.TempPathFactory
+def service(text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Proc]:
     with running_gateway(tmp_path_factory.mktemp("adapters"),
                          *attach_args(text_backends[:1], RECIPES["text"].served),

@@ -5,10 +5,10 @@ machine: a second raylet with its own resources joins the head, the two replicas
 the two nodes, the second node is killed, and the lost replica is failed over, re-placed on the
 node left, and serves the same bits again. One cluster serves every Ray test here.
 
-The launched and attached replicas are the run's shared ones (tests/support/engines.py). The
-attached ones answer before the cluster starts, and are then stopped (this module is their last
-user), while the launched service comes up beside the cluster (tests/integration/conftest.py
-starts it with this module).
+The launched replicas are the run's shared text service's (tests/support/engines.py); the attached
+deployment is a gateway of this module's own attached to those same replicas, answering before the
+cluster starts. (`grm-service backend` replicas are attached in the police's, the VLM's and the
+classifier's modules, whose identity matches a launched replica's.)
 
 Under `pytest --cov` the cluster runs unmeasured: no data of Ray's processes reached the report
 (the lines only the actor runs, `ReplicaProcess.__init__` and `start`, were always missing), while
@@ -36,8 +36,7 @@ import httpx
 import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
-from tests.integration.conftest import release_if_last
-from tests.support.engines import RECIPES, EnginePool, attach_args, unmeasured_environ
+from tests.support.engines import RECIPES, EnginePool, Replica, attach_args, unmeasured_environ
 from tests.support.procs import Proc, descendants, free_port, pids_alive, running_gateway
 
 pytest.importorskip("ray")
@@ -91,18 +90,13 @@ def parent_cmdline(pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def attach_outputs(
-    tmp: Path, text_backends: list[Proc], request: pytest.FixtureRequest
-) -> list[dict[str, Any]]:
-    """The shared `grm-service backend` replicas, attached: each proves its own identity."""
-    try:
-        with running_gateway(tmp, *attach_args(text_backends, RECIPES["text"].served),
-                             timeout=400) as gw:
-            fps = httpx.get(gw.url + "/v1/fingerprint", timeout=10).json()
-            assert fps["identity"] == "verified" and len(set(fps["replicas"].values())) == 1
-            return ask(gw)
-    finally:
-        release_if_last(request, "text_backends")
+def attach_outputs(tmp: Path, text_backends: list[Replica]) -> list[dict[str, Any]]:
+    """The shared text replicas, attached: each proves its own identity to this gateway."""
+    with running_gateway(tmp, *attach_args(text_backends, RECIPES["text"].served),
+                         timeout=400) as gw:
+        fps = httpx.get(gw.url + "/v1/fingerprint", timeout=10).json()
+        assert fps["identity"] == "verified" and len(set(fps["replicas"].values())) == 1
+        return ask(gw)
 
 
 @pytest.fixture(scope="module")

