@@ -28,7 +28,10 @@ def replica_spec(settings: Settings, engine: Engine) -> ReplicaSpec:
 def backend_command(settings: Settings, base_env: dict[str, str]) -> ChildCommand:
     """The replica's recipe, bound to the container's own interface (`--host`)."""
     engine = select_engine(settings)
-    command = engine.command(replica_spec(settings, engine), base_env, settings.host)
+    spec = replica_spec(settings, engine)
+    for path in spec.sweep_stale_tmp():
+        log.info("removed %s, left by an earlier replica of this work dir", path)
+    command = engine.command(spec, base_env, settings.host)
     command.make_dirs()
     return command
 

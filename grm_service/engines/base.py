@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from grm_service.host import distribution_version
 from grm_service.metrics import MULTIPROCESS_ENV
 
 log = logging.getLogger(__name__)
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,35 @@ class ReplicaSpec:
         """A short temp dir: vLLM puts ZeroMQ IPC sockets there, and a Unix socket path must fit
         in 107 bytes, which a deep work dir would overflow. The launching process's pid keeps two
         services that share a work dir from deleting each other's sockets."""
+        return Path(tempfile.gettempdir()) / f"{self._tmp_prefix()}{os.getpid()}-{self.name}"
+
+    def _tmp_prefix(self) -> str:
         tag = hashlib.blake2b(str(self.work_dir).encode(), digest_size=5).hexdigest()
-        return Path(tempfile.gettempdir()) / f"grm-{tag}-{os.getpid()}-{self.name}"
+        return f"grm-{tag}-"
+
+    def sweep_stale_tmp(self) -> list[Path]:
+        """Remove this replica's temp dirs whose launching process is gone: a `grm-service
+        backend` becomes the engine and leaves nobody to remove its own, and a killed gateway
+        leaves its replicas'. Those of a live process (another service on this work dir) stay."""
+        prefix, removed = self._tmp_prefix(), []
+        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-{self.name}"):
+            pid = path.name[len(prefix):-len(self.name) - 1]
+            if pid.isdigit() and not _running(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 @dataclass(frozen=True)
@@ -101,10 +130,12 @@ class Engine(ABC):
         # A gateway worker's metrics folder: an engine writing its own metrics there would show
         # them in the gateway's /metrics (an engine_env entry still sets one on purpose).
         base_env = {k: v for k, v in base_env.items() if k != MULTIPROCESS_ENV}
-        env = {**base_env, **self.deterministic_env(), **self.settings.engine_env,
-               **self.replica_env(spec), CACHE_DIR_ENV: str(self.settings.cache_dir),
-               "VLLM_CACHE_ROOT": str(self.vllm_cache())}
-        return ChildCommand(argv, env, (spec.tmp_dir, self.vllm_cache()))
+        caches = {CACHE_DIR_ENV: str(self.settings.cache_dir),
+                  "VLLM_CACHE_ROOT": str(self.vllm_cache())}
+        env = {**base_env, **self.deterministic_env(),
+               INDUCTOR_CACHE_ENV: str(self.inductor_cache()), **self.settings.engine_env,
+               **self.replica_env(spec), **caches}
+        return ChildCommand(argv, env, (spec.tmp_dir, self.vllm_cache(), self.inductor_cache()))
 
     def vllm_cache(self) -> Path:
         """vLLM's cache (`VLLM_CACHE_ROOT`): the model class's inspection (a subprocess that
@@ -114,6 +145,16 @@ class Engine(ABC):
         service and its later starts reuse what the first start made (measured: a CPU replica's
         start 61 -> 48 s on two cores, benchmarks/replica_start.py)."""
         return self.settings.cache_dir / "vllm"
+
+    def inductor_cache(self) -> Path:
+        """torch inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, an engine_env entry still sets
+        another): the kernels vLLM compiles outside its model graph, with --enforce-eager too (the
+        sampler's, and the rank count of logprobs), and on CPU the precompiled C++ header they
+        build on (150 MB, about 10 s of gcc). Inductor's default is a folder of the temp dir,
+        the replica's own: every start compiled them again at its first request, and a `grm-service
+        backend` left them behind. Inductor keys each entry on its source, the torch version and
+        the compiler's flags, and locks what it writes, so one folder serves every replica."""
+        return self.settings.cache_dir / "torchinductor"
 
     def gpu_set(self, index: int) -> tuple[int, ...]:
         return ()

@@ -33,6 +33,7 @@ class LocalSource(ReplicaSource):
 
     async def start(self) -> str:
         spec = self.spec()
+        spec.sweep_stale_tmp()  # what a killed gateway on this work dir left
         command = self.engine.command(spec, dict(os.environ))
         self._proc = ReapedProcess(command, spec.work_dir / "replica.log", scratch=spec.tmp_dir)
         await asyncio.to_thread(self._proc.start)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from grm_service.commands.backend import backend_command
+import pytest
+
+from grm_service.commands.backend import backend_command, replica_spec
 from grm_service.config import Settings
 from grm_service.engine_side.identity import MIDDLEWARE
 from grm_service.engines import select_engine
+
+
+@pytest.fixture(autouse=True)
+def _no_temp_dir_left(tmp_path: Path) -> Iterator[None]:
+    """Each test's recipe makes its replica's temp dir (in the system's temp folder)."""
+    yield
+    settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
+    shutil.rmtree(replica_spec(settings, select_engine(settings)).tmp_dir, ignore_errors=True)
 
 
 def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> None:
@@ -28,7 +42,22 @@ def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> N
     assert env["PYTHONHASHSEED"] == "7" and env["EXTRA"] == "1" and env["PATH"] == "/bin"
     # Every folder the recipe points the engine at exists (TMPDIR included).
     assert Path(env["TMPDIR"]).is_dir() and Path(env["VLLM_CACHE_ROOT"]).is_dir()
+    assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).is_dir()
     assert all(folder.is_dir() for folder in command.dirs)
+
+
+def test_a_backend_sweeps_the_temp_dir_an_earlier_backend_left(tmp_path: Path) -> None:
+    """A backend becomes the engine (exec): nothing of it is left to remove its temp dir, so
+    the next backend on the same work dir does, once that process is gone."""
+    settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
+    earlier = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, check=True)
+    mine = replica_spec(settings, select_engine(settings)).tmp_dir
+    left = mine.with_name(f"{mine.name.rsplit('-', 2)[0]}-{earlier.stdout.strip()}-r0")
+    (left / "sockets").mkdir(parents=True)
+    command = backend_command(settings, {})
+    assert not left.exists()
+    assert Path(command.env["TMPDIR"]) == mine and mine.is_dir()
 
 
 def test_a_gateway_workers_metrics_folder_does_not_reach_the_engine(tmp_path: Path) -> None:
