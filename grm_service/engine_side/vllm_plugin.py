@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
-from grm_service.engine_side import worker_poll
+from grm_service.engine_side import header_cache, worker_poll
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,8 @@ def register() -> None:
     if not is_replica(os.environ):
         return  # someone else's vLLM (a trainer's rollout engine): leave it exactly as it is
     polling = worker_poll.install(os.environ, installed_vllm_version())
-    logger.info("grm_service vLLM plugin (pid %d): %s", os.getpid(), polling)
+    logger.info("grm_service vLLM plugin (pid %d): %s; %s", os.getpid(), polling,
+                header_cache.share(os.environ))
     decision = decide(os.environ, installed_vllm_version, platform_is_cuda)
     if decision.action is Action.SKIP:
         logger.info("grm_service vLLM plugin idle (pid %d): %s", os.getpid(), decision.reason)

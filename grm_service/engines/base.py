@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from grm_service.config import Settings
+from grm_service.engine_side.header_cache import INDUCTOR_CACHE_ENV
 from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE
 from grm_service.host import distribution_version
 from grm_service.metrics import MULTIPROCESS_ENV
 
 log = logging.getLogger(__name__)
-INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class Engine(ABC):
         """torch inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, an engine_env entry still sets
         another): the kernels vLLM compiles outside its model graph, with --enforce-eager too (the
         sampler's, and the rank count of logprobs), and on CPU the precompiled C++ header they
-        build on (150 MB, about 10 s of gcc). Inductor's default is a folder of the temp dir,
+        build on (engine_side/header_cache.py). Inductor's default is a folder of the temp dir,
         the replica's own: every start compiled them again at its first request, and a `grm-service
         backend` left them behind. Inductor keys each entry on its source, the torch version and
         the compiler's flags, and locks what it writes, so one folder serves every replica."""
