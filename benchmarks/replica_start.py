@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 
+from grm_service.engines.base import ReplicaSpec
 from grm_service.tiny_models import ensure_tiny_model
 
 VARIANTS = ("cold", "inductor-per-start", "shared")
@@ -62,6 +63,8 @@ def start_once(f: procs.Fleet, model: Path, env: dict[str, str], work: Path, nam
         raise RuntimeError(f"first request answered {status}:\n{proc.tail()}")
     cpu = procs.cpu_seconds(proc.pid, reaped=True)
     proc.stop()
+    # The backend became the engine, so its temp dir is left for the next start to sweep.
+    ReplicaSpec(name="r0", index=0, port=port, work_dir=work / name / "r0").sweep_stale_tmp()
     return wall, first, cpu
 
 
