@@ -35,6 +35,7 @@ from tests.support.engines import (
     Replica,
     attach_args,
     start_backend,
+    stop_backend,
     unmeasured_environ,
     wait_answering,
 )
@@ -115,24 +116,27 @@ def suspects(tmp: Path, text_backends: list[Replica]) -> Iterator[Suspects]:
     shutil.copytree(ensure_tiny_model("text"), model)
     assert model_hash(str(model), cache) == model_hash(str(ensure_tiny_model("text")))
     change_weights_in_place(model)
-    started = [
+    backends = [
         start_backend(tmp, model, RECIPES["text"].flags(), "stale", {"GRM_CACHE_DIR": str(cache)}),
         # Unmeasured (bf16 here, plain in start_plain_vllm): the engine-side code they run is
-        # measured in `stale` and the launched replicas, the plugin's idle path in vLLM's own
-        # server in tests/unit/engine_side; coverage's tracer costs an engine half again its CPU.
+        # measured in `stale`, the plugin's idle path in vLLM's own server in
+        # tests/unit/engine_side; coverage's tracer costs an engine half again its CPU.
         start_backend(tmp, ensure_tiny_model("text"), recipe_flags("bfloat16"), "bf16",
                       measured=False),
-        start_plain_vllm(tmp, ensure_tiny_model("text")),
     ]
+    plain: Proc | None = None
     try:
-        stale, bf16, plain = started
+        plain = start_plain_vllm(tmp, ensure_tiny_model("text"))
+        stale, bf16 = backends
         wait_answering(stale)
         wait_answering(bf16)
         wait_answering(plain, "/health")
         yield Suspects(text_backends[0], stale, bf16, plain)
     finally:
-        for proc in started:
-            proc.stop()
+        for proc in backends:
+            stop_backend(proc)
+        if plain is not None:
+            plain.stop()
 
 
 @pytest.fixture(scope="module")

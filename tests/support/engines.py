@@ -40,6 +40,7 @@ from typing import Protocol
 
 import httpx
 
+from grm_service.engines.base import ReplicaSpec
 from grm_service.tiny_models import ModelKind, ensure_tiny_model
 from tests.support.procs import Proc, free_port, start_gateway, wait_ready
 
@@ -120,6 +121,14 @@ def start_backend(root: Path, model: Path, flags: list[str], name: str,
     return Proc(popen, f"http://127.0.0.1:{port}", log_path)
 
 
+def stop_backend(proc: Proc) -> None:
+    """Stop a `start_backend` process, and remove the replica's temp dir, which the backend
+    (become the engine) leaves for the next backend on its work dir to sweep."""
+    proc.stop()
+    work_dir = proc.log.with_suffix("")  # start_backend's `<name>-<port>` beside its log
+    ReplicaSpec(name="r0", index=0, port=0, work_dir=work_dir / "r0").sweep_stale_tmp()
+
+
 def _env(extra: dict[str, str] | None, measured: bool) -> dict[str, str]:
     return {**(os.environ if measured else unmeasured_environ()), **(extra or {})}
 
@@ -192,7 +201,10 @@ class EnginePool:
         # Audits would re-run requests on the other replica: off, so the load is the tests'.
         # The service itself sends its replicas nothing else once they are admitted (health
         # checks only), so a test's gateway attached to them has them to itself.
-        env = {"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS, **UNMEASURED_ENGINES}
+        # Its temp folders (the workers' run dir, the replicas' sockets) in the pool's root, which
+        # goes with the pool: a test that SIGKILLs the gateway leaves them there.
+        env = {"GRM_AUDIT_FRACTION": "0", "TMPDIR": str(self.root), **COMPUTE_REPEATS,
+               **UNMEASURED_ENGINES}
         return start_gateway(self.root, *args, env=env)
 
     def service(self) -> Proc:
@@ -220,7 +232,7 @@ class EnginePool:
                 self._service = None
             return
         for proc in self._backends.pop(name, []):
-            proc.stop()
+            stop_backend(proc)
 
     def close(self) -> None:
         for name in [*self._backends, LAUNCHED]:

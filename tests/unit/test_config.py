@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,9 @@ def test_engine_args_env_is_shell_words_or_a_json_list(monkeypatch: pytest.Monke
     monkeypatch.setenv("GRM_ENGINE_ARGS", value)
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
     assert settings.engine_args == ENGINE_WORDS
-    argv = backend_command(settings, {}).argv
+    command = backend_command(settings, {})
+    shutil.rmtree(command.env["TMPDIR"])  # the recipe made the replica's temp dir
+    argv = command.argv
     start = argv.index("--enforce-eager")
     assert argv[start : start + len(ENGINE_WORDS)] == ENGINE_WORDS
 
