@@ -55,6 +55,7 @@ class ReplicaProcess:
         # No GPU ids in the spec: Ray has set CUDA_VISIBLE_DEVICES, which the env inherits.
         host = host or node_address()
         self.spec = dataclasses.replace(self.spec, port=free_port(host))
+        self.spec.sweep_stale_tmp()  # a lost node's replica of this name, placed here before
         command = self.engine.command(self.spec, dict(os.environ), host)
         self._proc = ReapedProcess(command, self.spec.work_dir / "replica.log",
                                    scratch=self.spec.tmp_dir)
