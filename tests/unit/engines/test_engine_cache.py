@@ -10,18 +10,22 @@ import sys
 from pathlib import Path
 
 from grm_service.config import Settings
-from grm_service.engines.base import ReplicaSpec
+from grm_service.engines.base import ChildCommand, Engine, ReplicaSpec
 from grm_service.engines.vllm_cpu import VllmCpu
 from grm_service.engines.vllm_gpu import VllmGpu
+
+
+def _two_replicas(engine: Engine) -> list[ChildCommand]:
+    return [engine.command(ReplicaSpec(name=f"r{i}", index=i, port=9000 + i,
+                                       work_dir=engine.settings.work_dir / f"r{i}"), {})
+            for i in range(2)]
 
 
 def test_the_replicas_of_a_service_share_one_vllm_cache(tmp_path: Path) -> None:
     settings = Settings(model="m", cache_dir=tmp_path / "cache", work_dir=tmp_path / "run")
     shared = tmp_path / "cache" / "vllm"
     for engine in (VllmCpu(settings), VllmGpu(settings)):
-        commands = [engine.command(ReplicaSpec(name=f"r{i}", index=i, port=9000 + i,
-                                               work_dir=settings.work_dir / f"r{i}"), {})
-                    for i in range(2)]
+        commands = _two_replicas(engine)
         assert {c.env["VLLM_CACHE_ROOT"] for c in commands} == {str(shared)}
         assert all(shared in c.dirs for c in commands)  # made before the replica starts
         # Each replica keeps a temp folder of its own (vLLM's IPC sockets live there).
@@ -35,9 +39,7 @@ def test_the_replicas_share_one_inductor_cache_unless_the_operator_sets_one(tmp_
     settings = Settings(model="m", cache_dir=tmp_path / "cache", work_dir=tmp_path / "run")
     shared = tmp_path / "cache" / "torchinductor"
     for engine in (VllmCpu(settings), VllmGpu(settings)):
-        commands = [engine.command(ReplicaSpec(name=f"r{i}", index=i, port=9000 + i,
-                                               work_dir=settings.work_dir / f"r{i}"), {})
-                    for i in range(2)]
+        commands = _two_replicas(engine)
         assert {c.env["TORCHINDUCTOR_CACHE_DIR"] for c in commands} == {str(shared)}
         assert all(shared in c.dirs for c in commands)
         assert all(not c.env["TORCHINDUCTOR_CACHE_DIR"].startswith(c.env["TMPDIR"])
