@@ -37,17 +37,21 @@ def share(env: Mapping[str, str],
         link = Path(default_dir())
     except (ImportError, AttributeError) as err:
         return f"header cache: torch's default cache folder unknown ({err}): built per start"
-    target = Path(shared)
+    try:
+        return _link(link, Path(shared))
+    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop; never stop vLLM
+        return f"header cache: cannot link {link} ({err}): built per start"
+
+
+def _link(link: Path, target: Path) -> str:
     if link.resolve() == target.resolve():
         return f"header cache: {link} is the shared one"
+    link.parent.mkdir(parents=True, exist_ok=True)
     try:
-        link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)
     except FileExistsError:
         # This replica's other processes call this too; the first one's link serves them all.
         if link.resolve() == target.resolve():
             return f"header cache: {link} -> {target}"
         return f"header cache: {link} exists and is not a link to {target}: built per start"
-    except OSError as err:
-        return f"header cache: cannot link {link} ({err}): built per start"
     return f"header cache: {link} -> {target}"

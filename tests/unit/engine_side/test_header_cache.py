@@ -60,6 +60,13 @@ def test_a_real_folder_in_its_place_is_left_and_said(tmp_path: Path) -> None:
     assert (default / "fxgraph").is_dir()
 
 
+def test_a_folder_that_cannot_be_made_leaves_vllm_running(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    default = tmp_path / "file" / "torchinductor_u"
+    said = header_cache.share({INDUCTOR_CACHE_ENV: str(tmp_path / "shared")}, _default(default))
+    assert said.startswith(f"header cache: cannot link {default}") and "built per start" in said
+
+
 def test_without_a_shared_cache_or_torch_nothing_is_made(tmp_path: Path) -> None:
     default = tmp_path / "torchinductor_u"
     assert "no shared inductor cache" in header_cache.share({}, _default(default))
