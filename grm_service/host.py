@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import re
 import shutil
@@ -87,3 +88,16 @@ def cpu_model() -> str:
     flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
     isa = sorted(f for f in (flags.group(1).split() if flags else []) if f.startswith("avx"))
     return f"{name.group(1).strip() if name else platform.machine()} [{' '.join(isa)}]"
+
+
+def process_running(pid: int) -> bool:
+    """Whether a process of this pid runs (this one, or another user's, counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -16,7 +16,7 @@ from typing import ClassVar
 from grm_service.config import Settings
 from grm_service.engine_side.header_cache import INDUCTOR_CACHE_ENV
 from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE
-from grm_service.host import distribution_version
+from grm_service.host import distribution_version, process_running
 from grm_service.metrics import MULTIPROCESS_ENV
 
 log = logging.getLogger(__name__)
@@ -61,22 +61,10 @@ class ReplicaSpec:
         prefix, removed = self._tmp_prefix(), []
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-{self.name}"):
             pid = path.name[len(prefix):-len(self.name) - 1]
-            if pid.isdigit() and not _running(int(pid)):
+            if pid.isdigit() and not process_running(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         return removed
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 @dataclass(frozen=True)

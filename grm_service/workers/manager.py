@@ -45,6 +45,7 @@ from prometheus_client import multiprocess
 
 from grm_service.config import Settings
 from grm_service.gateway.role import gates_path, metrics_dir, snapshot_path
+from grm_service.host import process_running
 from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
 from grm_service.replicas.shared_gate import release_worker
@@ -59,14 +60,32 @@ _EXIT_MARGIN_S = 15.0  # after the drain: closing connections, closing the lifes
 _FIRST_PONG_S = 60.0  # a worker's start-up (imports, the app) before it must answer pings
 
 
+_RUN_DIR_PREFIX = "grm-workers-"
+
+
 def run_workers(settings: Settings, log_level: str) -> int:
     """Serve with `settings.workers` processes until a signal; the exit code says how it ended."""
-    run_dir = Path(tempfile.mkdtemp(prefix="grm-workers-"))
+    temp = Path(tempfile.gettempdir())
+    for path in sweep_stale_run_dirs(temp):
+        log.info("removed %s, left by a manager that is gone", path)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{_RUN_DIR_PREFIX}{os.getpid()}-", dir=temp))
     try:
         metrics_dir(run_dir).mkdir()
         return Manager(settings, log_level, run_dir).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def sweep_stale_run_dirs(folder: Path) -> list[Path]:
+    """Remove the run dirs of managers that are gone (SIGKILLed: only a manager removes its
+    own); their workers went with them (parent-death signal)."""
+    removed = []
+    for path in folder.glob(f"{_RUN_DIR_PREFIX}*-*"):
+        pid = path.name[len(_RUN_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not process_running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _bind(settings: Settings) -> socket.socket:
