@@ -1,4 +1,5 @@
-"""Facts about the host a process runs on: installed versions, GPUs, CPU model.
+"""Facts about the host a process runs on: installed versions, GPUs, CPU model, live processes
+(and the removal of folders whose owning process is gone).
 
 Read without importing the heavy packages they describe (torch, vLLM take seconds to import).
 """
@@ -101,3 +102,15 @@ def process_running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_dead_owners(folder: Path, prefix: str, suffix: str = "*") -> list[Path]:
+    """Remove the folders `<prefix><pid>-<suffix>` in `folder` whose owner, the process of that
+    pid, is gone (SIGKILLed, or become another program by exec); those of live ones stay."""
+    removed = []
+    for path in folder.glob(f"{prefix}*-{suffix}"):
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not process_running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -16,7 +15,7 @@ from typing import ClassVar
 from grm_service.config import Settings
 from grm_service.engine_side.header_cache import INDUCTOR_CACHE_ENV
 from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE
-from grm_service.host import distribution_version, process_running
+from grm_service.host import distribution_version, remove_dead_owners
 from grm_service.metrics import MULTIPROCESS_ENV
 
 log = logging.getLogger(__name__)
@@ -58,13 +57,7 @@ class ReplicaSpec:
         """Remove this replica's temp dirs whose launching process is gone: a `grm-service
         backend` becomes the engine and leaves nobody to remove its own, and a killed gateway
         leaves its replicas'. Those of a live process (another service on this work dir) stay."""
-        prefix, removed = self._tmp_prefix(), []
-        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-{self.name}"):
-            pid = path.name[len(prefix):-len(self.name) - 1]
-            if pid.isdigit() and not process_running(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-        return removed
+        return remove_dead_owners(Path(tempfile.gettempdir()), self._tmp_prefix(), self.name)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from prometheus_client import multiprocess
 
 from grm_service.config import Settings
 from grm_service.gateway.role import gates_path, metrics_dir, snapshot_path
-from grm_service.host import process_running
+from grm_service.host import remove_dead_owners
 from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
 from grm_service.replicas.shared_gate import release_worker
@@ -79,13 +79,7 @@ def run_workers(settings: Settings, log_level: str) -> int:
 def sweep_stale_run_dirs(folder: Path) -> list[Path]:
     """Remove the run dirs of managers that are gone (SIGKILLed: only a manager removes its
     own); their workers went with them (parent-death signal)."""
-    removed = []
-    for path in folder.glob(f"{_RUN_DIR_PREFIX}*-*"):
-        pid = path.name[len(_RUN_DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not process_running(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+    return remove_dead_owners(folder, _RUN_DIR_PREFIX)
 
 
 def _bind(settings: Settings) -> socket.socket:

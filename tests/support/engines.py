@@ -83,11 +83,10 @@ class Attachable(Protocol):
 
 @dataclass(frozen=True)
 class Replica:
-    """One of the launched service's replicas, as the tests' own gateways see it: an address.
-    Its output is in the launched service's log; the pool alone stops it (with the service)."""
+    """One of the launched service's replicas, as the tests' own gateways see it: an address
+    (its output is in the launched service's log; the pool alone stops it, with the service)."""
 
     url: str
-    log: Path
 
 
 def attach_args(backends: Sequence[Attachable], served: str) -> list[str]:
@@ -221,7 +220,7 @@ class EnginePool:
         """The launched service's replicas, every one ready, in name order (r0, r1)."""
         service = self.service()
         ready = httpx.get(service.url + "/ready", timeout=10).json()
-        return [Replica(r["url"], service.log)
+        return [Replica(r["url"])
                 for r in sorted(ready["replicas"], key=lambda r: str(r["name"]))]
 
     # --- stopping -------------------------------------------------------------------------
