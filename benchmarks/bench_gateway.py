@@ -63,7 +63,8 @@ class Contender:
         return sum(p.cpu() for p in self.procs)
 
 
-def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path]) -> Contender:
+def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path],
+           env_variants: dict[str, tuple[str, str]]) -> Contender:
     starters: dict[str, Callable[[], procs.Proc]] = {
         "grm-service": lambda: procs.start_grm(f, backends),
         # The same, its ledger off: recording's cost, measured in the same run.
@@ -74,6 +75,9 @@ def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, P
     }
     for vname, src in variants.items():
         starters[vname] = lambda vname=vname, src=src: procs.start_grm(f, backends, vname, src)
+    for vname, (var, value) in env_variants.items():
+        starters[vname] = lambda vname=vname, var=var, value=value: procs.start_grm(
+            f, backends, vname, env_extra={var: value})
     proc = starters[name]()
     return Contender(name, [proc.url], [proc])
 
@@ -195,6 +199,9 @@ def main() -> None:
                         default=["direct", "grm-service", "vllm-router", "smg"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run grm-service imported from DIR/grm_service")
+    parser.add_argument("--env-variant", action="append", default=[], metavar="NAME=VAR=VALUE",
+                        help="also run the checkout's grm-service with one more env var (an "
+                        "A/A pair: a second grm-service-noledger as aa=GRM_LEDGER=false)")
     parser.add_argument("--workers", type=int, nargs="*", default=[], metavar="N",
                         help="also run N independent grm-service processes, load split")
     parser.add_argument("--gateway-workers", type=int, nargs="*", default=[], metavar="N",
@@ -211,7 +218,9 @@ def main() -> None:
         resummarize(args.resummarize)
         return
     variants = {k: Path(v) for k, v in (s.split("=", 1) for s in args.variant)}
-    names = [*args.contenders, *variants]
+    env_variants = {name: (var, value) for name, var, value
+                    in (spec.split("=", 2) for spec in args.env_variant)}
+    names = [*args.contenders, *variants, *env_variants]
     runs: list[Run] = []
     failed: dict[str, str] = {}
     started = time.time()
@@ -223,7 +232,7 @@ def main() -> None:
             if name == "direct":
                 continue
             try:
-                contenders.append(_start(f, name, backends, variants))
+                contenders.append(_start(f, name, backends, variants, env_variants))
             except (RuntimeError, OSError) as err:
                 failed[name] = str(err)[-1500:]
                 print(f"!! {name} did not start: {failed[name]}", file=sys.stderr)
