@@ -51,6 +51,7 @@ class Run:
     proxy_cpu_us: float  # contender process CPU per request (0 for direct)
     stub_cpu_us: float
     wrk_cpu_us: float
+    proxy_sys_us: float = 0.0  # the kernel's part of proxy_cpu_us (0 in runs before it was kept)
 
 
 @dataclass
@@ -61,6 +62,9 @@ class Contender:
 
     def cpu(self) -> float:
         return sum(p.cpu() for p in self.procs)
+
+    def system(self) -> float:
+        return sum(p.system() for p in self.procs)
 
 
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path],
@@ -99,15 +103,15 @@ def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
 
 
 def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
-    proxy0 = c.cpu()
+    proxy0, sys0 = c.cpu(), c.system()
     stub0 = sum(s.cpu() for s in stubs)
     res = loadgen.run_split(c.urls, load)
     n = max(res.requests, 1)
-    proxy = c.cpu() - proxy0
+    proxy, system = c.cpu() - proxy0, c.system() - sys0
     stub = sum(s.cpu() for s in stubs) - stub0
     return Run(rnd, load.connections, c.name, res.rps, res.pct_ms(50), res.pct_ms(90),
                res.pct_ms(99), res.errors, res.requests, proxy / n * 1e6, stub / n * 1e6,
-               res.loadgen_cpu_s / n * 1e6)
+               res.loadgen_cpu_s / n * 1e6, system / n * 1e6)
 
 
 def _med(xs: list[float]) -> float:
@@ -132,8 +136,9 @@ def summarize(runs: list[Run], contenders: list[str]) -> str:
         best = max(peers, key=lambda p: rps[p]) if peers else None
         out += [f"\n### concurrency {c}  (best peer: {best or 'none'})\n",
                 "| contender | req/s median [min-max] | p50 ms | p90 ms | p99 ms | x direct "
-                "| x best peer | p50 added ms | proxy CPU us/req | stub CPU us/req | errors |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| x best peer | p50 added ms | proxy CPU us/req | of it system | stub CPU us/req "
+                "| errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, rs in at.items():
             if not rs:
                 continue
@@ -146,7 +151,8 @@ def summarize(runs: list[Run], contenders: list[str]) -> str:
                 f"| {name} | {rps[name]:.0f} [{lo:.0f}-{hi:.0f}] | {_cell(rs, 'p50_ms', '.3f')} "
                 f"| {_cell(rs, 'p90_ms', '.3f')} | {_cell(rs, 'p99_ms', '.3f')} "
                 f"| {vs_direct:.2f} | {vs_peer:.2f} | {added} "
-                f"| {_cell(rs, 'proxy_cpu_us', '.0f')} | {_cell(rs, 'stub_cpu_us', '.0f')} "
+                f"| {_cell(rs, 'proxy_cpu_us', '.0f')} | {_cell(rs, 'proxy_sys_us', '.0f')} "
+                f"| {_cell(rs, 'stub_cpu_us', '.0f')} "
                 f"| {sum(r.errors for r in rs)} |")
     return "\n".join(out)
 

@@ -19,7 +19,12 @@ and scanner noise (~2 MB). For each:
 Targets (issue: image requests cost what their bytes cost): <= 1 ms per 114 KB request and
 <= 5 ms per 2 MB request of gateway CPU.
 
-    .venv/bin/python benchmarks/bench_images.py [--before DIR] [--requests 200]
+    .venv/bin/python benchmarks/bench_images.py [--before DIR] [--requests 200] [--perf]
+
+`--perf` then records the checkout's gateway with Linux `perf` (a software clock, call stacks
+off) while it serves each image for `--perf-seconds`, and prints its user and system CPU per
+request and the symbols that hold the most samples: where the bytes' cost goes (hashing,
+copies, base64, the kernel's socket copies) and what the interpreter adds.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import io
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -146,6 +152,46 @@ def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
     return used / requests * 1e3
 
 
+def perf_profile(gateway: procs.Proc, body: bytes, seconds: float, top: int = 20) -> str:
+    """User and system CPU per request, and perf's top symbols (by own samples), while the
+    gateway serves `body` one request at a time for `seconds`."""
+    host, port = gateway.url.rsplit("/", 1)[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    out = procs.LOG_DIR / f"perf-{gateway.pid}.data"
+    recorder = subprocess.Popen(
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p", str(gateway.pid),
+         "-o", str(out), "--", "sleep", str(seconds + 1)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)
+    before, started, requests = _user_system(gateway.pid), time.monotonic(), 0
+    while time.monotonic() - started < seconds:
+        conn.request("POST", "/v1/chat/completions", body=body,
+                     headers={"content-type": "application/json"})
+        conn.getresponse().read()
+        requests += 1
+    after = _user_system(gateway.pid)
+    conn.close()
+    _, err = recorder.communicate(timeout=seconds + 60)
+    if recorder.returncode != 0:
+        return f"perf record failed: {err.decode(errors='replace')[-500:]}"
+    report = subprocess.run(
+        ["perf", "report", "-i", str(out), "--no-children", "--sort", "dso,symbol", "--stdio",
+         "-g", "none", "--percent-limit", "0.5"], capture_output=True, text=True, check=False)
+    # perf pads its columns (and adds two for the stack columns it leaves empty): squeezed.
+    lines = [re.sub(r"(\s+-)*\s*$", "", re.sub(r" {2,}", "  ", line))
+             for line in report.stdout.splitlines()
+             if line.strip() and not line.startswith("#")][:top]
+    user, system = ((a - b) / requests * 1e3 for a, b in zip(after, before, strict=True))
+    return (f"{requests} requests: user {user:.2f} ms + system {system:.2f} ms per request\n"
+            + "\n".join(lines))
+
+
+def _user_system(pid: int) -> tuple[float, float]:
+    fields = procs.stat_fields(pid)
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
 def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     """ms of CPU per call of each whole-body step, as the grm_service on sys.path runs it."""
     import zlib
@@ -210,6 +256,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None,
                         help="folder holding the grm_service package to compare against")
     parser.add_argument("--requests", type=int, default=200, help="per image (page: a quarter)")
+    parser.add_argument("--perf", action="store_true",
+                        help="profile the checkout's gateway per image with perf (see above)")
+    parser.add_argument("--perf-seconds", type=float, default=6.0)
     parser.add_argument("--steps-of", default=None, help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
     if args.steps_of:
@@ -218,6 +267,7 @@ def main() -> None:
     pictures = images()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
     rows = []
+    profiles: dict[str, str] = {}
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i) for i in range(2)]
         urls = [s.url for s in stubs]
@@ -240,8 +290,12 @@ def main() -> None:
             for label, gateway in gateways.items():
                 row[f"gateway_{label}_ms"] = gateway_cpu_ms(gateway, encoded, count)
             rows.append(row)
+            if args.perf:
+                profiles[name] = perf_profile(gateways["after"], encoded, args.perf_seconds)
     print_table(rows, list(gateways))
     print_steps(steps, list(pictures), list(gateways))
+    for name, profile in profiles.items():
+        print(f"\n{name}, the checkout's gateway under perf:\n{profile}")
     print("\ntargets: gateway CPU <= 1 ms per 114 KB request, <= 5 ms per 2 MB request")
     print("rerun: .venv/bin/python benchmarks/bench_images.py " + " ".join(sys.argv[1:]))
 

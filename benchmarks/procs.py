@@ -61,6 +61,16 @@ def stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def system_seconds(pid: int) -> float:
+    """stime of a process (all its threads) and of its live descendants: the kernel's share
+    of `cpu_seconds` (system calls, the sockets' copies and TCP)."""
+    total = 0.0
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int(stat_fields(p)[12]) / _TICKS
+    return total
+
+
 def cpu_seconds(pid: int, reaped: bool = False) -> float:
     """utime+stime of a process (all its threads) and of its live descendants; `reaped`: plus
     what each of them has waited for of its exited children (cutime+cstime)."""
@@ -102,6 +112,9 @@ class Proc:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
+
+    def system(self) -> float:
+        return system_seconds(self.pid)
 
     def stop(self) -> None:
         _stop(self.popen)

@@ -7,6 +7,11 @@ top functions by self time. The raw stacks go to benchmarks/results/<out>.txt (d
 profile-c<C>), the summary to <out>.summary.txt, a flamegraph (--flamegraph) to <out>.svg.
 
     .venv/bin/python benchmarks/profile_gateway.py [--concurrency 64] [--seconds 15]
+
+`--native` records C frames too (py-spy --native; the process is paused for each sample, so
+its req/s drops) and keeps the event loop's thread only, its idle waits dropped: then the shares
+show the system calls (`write`, `read`) and the C libraries (uvloop, httptools, msgspec) beside
+the Python functions, and an inclusive table lists the functions that hold the most samples.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ PY_SPY = procs.PEERS_BIN / "py-spy"
 # First match wins; ordered from the most specific.
 BUCKETS = [
     ("grm_service.fingerprint / blake3", r"grm_service/fingerprint\.py|blake3"),
-    ("grm_service.gateway.request.router (canonical json, crc32)", r"grm_service/router\.py"),
-    ("grm_service.gateway.request.proxy", r"grm_service/proxy\.py"),
+    ("grm_service.gateway.request.router (canonical json, crc32)",
+     r"grm_service/gateway/request/router\.py|grm_service/canonical\.py|grm_service/checksum\.py"),
+    ("grm_service.gateway.request.proxy", r"grm_service/gateway/request/proxy\.py"),
+    ("grm_service.gateway.request.upstream (the replica hop)",
+     r"grm_service/gateway/request/upstream\.py"),
+    ("grm_service.ledger", r"grm_service/ledger/"),
     ("grm_service.gateway.edge (routes, middleware, guards)", r"grm_service/gateway/edge/"),
     ("pydantic (validate, model_dump)", r"pydantic"),
     ("prometheus_client", r"prometheus_client"),
@@ -49,9 +58,16 @@ BUCKETS = [
 ]
 
 
-def _record(pid: int, seconds: int, out: Path) -> None:
+# The event loop's thread (the stacks through the server's entry point), and its idle waits.
+_LOOP_THREAD = "run_server (grm_service/gateway/serve.py"
+_IDLE_LEAF = re.compile(r"^epoll_p?wait \(")
+
+
+def _record(pid: int, seconds: int, out: Path, native: bool = False) -> None:
+    # py-spy reads C stacks only from a stopped process: --native cannot be --nonblocking.
+    mode = ["--native"] if native else ["--nonblocking"]
     argv = [str(PY_SPY), "record", "-p", str(pid), "-d", str(seconds), "-r", "200",
-            "-f", "raw", "-o", str(out), "--nonblocking"]
+            "-f", "raw", "-o", str(out), *mode]
     subprocess.run(argv, check=True, capture_output=True)
 
 
@@ -61,12 +77,33 @@ def _flame(raw: Path, svg: Path, pid: int, seconds: int) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
-def summarize(raw: Path, top: int = 25) -> str:
+def _stacks(raw: Path, native: bool) -> list[tuple[list[str], int]]:
     stacks: list[tuple[list[str], int]] = []
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
-            stacks.append((stack.split(";"), int(count)))
+            frames = stack.split(";")
+            if native and (not any(_LOOP_THREAD in f for f in frames)
+                           or _IDLE_LEAF.match(frames[-1])):
+                continue
+            stacks.append((frames, int(count)))
+    return stacks
+
+
+def _by_function(stacks: list[tuple[list[str], int]], top: int) -> list[str]:
+    """The functions that hold the most samples, their callees included (line numbers dropped,
+    the frames every sample shares left out)."""
+    total = sum(c for _, c in stacks) or 1
+    held: collections.Counter[str] = collections.Counter()
+    for frames, count in stacks:
+        for name in {re.sub(r":\d+\)$", ")", f) for f in frames}:
+            held[name] += count
+    shown = [(fn, c) for fn, c in held.most_common() if c < total][:top]
+    return [f"{fn[:88]:<88} {c / total:>6.1%}" for fn, c in shown]
+
+
+def summarize(raw: Path, top: int = 25, native: bool = False) -> str:
+    stacks = _stacks(raw, native)
     total = sum(c for _, c in stacks) or 1
     inclusive: collections.Counter[str] = collections.Counter()
     leaf: collections.Counter[str] = collections.Counter()
@@ -75,10 +112,14 @@ def summarize(raw: Path, top: int = 25) -> str:
         for name in seen:
             inclusive[name] += count
         leaf[frames[-1]] += count
-    lines = [f"{total} samples (busy only)", "", f"{'library (inclusive)':<56} {'share':>6}"]
+    where = "the event loop's thread, busy" if native else "busy only"
+    lines = [f"{total} samples ({where})", "", f"{'library (inclusive)':<56} {'share':>6}"]
     lines += [f"{name:<56} {inclusive[name] / total:>6.1%}" for name, _ in BUCKETS]
     lines += ["", f"{'function (self)':<88} {'share':>6}"]
     lines += [f"{fn[:88]:<88} {c / total:>6.1%}" for fn, c in leaf.most_common(top)]
+    if native:
+        lines += ["", f"{'function (inclusive), the event loop thread':<88} {'share':>6}"]
+        lines += _by_function(stacks, 2 * top)
     return "\n".join(lines)
 
 
@@ -92,6 +133,8 @@ def main() -> None:
                         help="folder with a patched grm_service package to profile instead")
     parser.add_argument("--out", default=None, help="file name stem under results/")
     parser.add_argument("--flamegraph", action="store_true", help="also record an SVG (2nd run)")
+    parser.add_argument("--native", action="store_true",
+                        help="C frames too (system calls, uvloop, httptools); the loop's thread")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{args.out or f'profile-c{args.concurrency}'}.txt"
@@ -103,7 +146,7 @@ def main() -> None:
         result: list[loadgen.Result] = []
         thread = threading.Thread(target=lambda: result.append(loadgen.run_split([grm.url], load)))
         thread.start()
-        _record(grm.pid, args.seconds, raw)
+        _record(grm.pid, args.seconds, raw, args.native)
         thread.join()
         if args.flamegraph:
             thread = threading.Thread(target=lambda: loadgen.run_split([grm.url], load))
@@ -113,7 +156,7 @@ def main() -> None:
     res = result[0]
     print(f"grm-service at c={args.concurrency}: {res.rps:.0f} req/s, p50 {res.pct_ms(50):.2f} ms,"
           f" p99 {res.pct_ms(99):.2f} ms, errors {res.errors}\n")
-    table = summarize(raw)
+    table = summarize(raw, native=args.native)
     raw.with_suffix(".summary.txt").write_text(table + "\n")
     print(table)
 
