@@ -75,6 +75,8 @@ def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, P
         "grm-service-noledger": lambda: procs.start_grm(f, backends, "grm-service-noledger",
                                                         env_extra={"GRM_LEDGER": "false"}),
         "vllm-router": lambda: procs.start_vllm_router(f, backends),
+        # The floor: the same deterministic work in Python, nothing else (lean_proxy.py).
+        "lean-proxy": lambda: procs.start_lean(f, backends),
         "smg": lambda: procs.start_smg(f, backends),
     }
     for vname, src in variants.items():

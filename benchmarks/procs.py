@@ -217,6 +217,17 @@ def start_grm(f: Fleet, backends: list[str], name: str = "grm-service",
     return proc
 
 
+def start_lean(f: Fleet, backends: list[str]) -> Proc:
+    """lean_proxy.py: the deterministic work of an answer and nothing else (its docstring)."""
+    port = free_port()
+    argv = [str(MAIN_PY), str(REPO / "benchmarks" / "lean_proxy.py"), "--port", str(port)]
+    for url in backends:
+        argv += ["--backend-url", url]
+    proc = f.spawn("lean-proxy", argv, f"http://127.0.0.1:{port}")
+    wait_ready(proc, "/health")
+    return proc
+
+
 def start_vllm_router(f: Fleet, backends: list[str]) -> Proc:
     port = free_port()
     argv = [str(PEERS_BIN / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
