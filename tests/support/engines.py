@@ -41,8 +41,10 @@ from typing import Protocol
 import httpx
 
 from grm_service.engines.base import ReplicaSpec
+from grm_service.host import remove_dead_owners
 from grm_service.tiny_models import ModelKind, ensure_tiny_model
 from tests.support.procs import Proc, free_port, start_gateway, wait_ready
+from tests.support.tied import tie
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +116,8 @@ def start_backend(root: Path, model: Path, flags: list[str], name: str,
     argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
             "--port", str(port), *before, "--work-dir", str(root / f"{name}-{port}"), *after]
     log_path = root / f"{name}-{port}.log"
-    with log_path.open("wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+    with log_path.open("wb") as out:  # tied: a run stopped before its end leaves no engine
+        popen = subprocess.Popen(tie(argv), stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, env=_env(env, measured))
     return Proc(popen, f"http://127.0.0.1:{port}", log_path)
 
@@ -155,7 +157,11 @@ def wait_answering(proc: Proc, path: str = "/grm/identity", timeout: float = STA
 
 class EnginePool:
     def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="grm-engines-"))
+        # Named by this process: a run stopped before its end leaves its root (the engines' logs
+        # and work dirs; its engines end with it, `tied.py`), which the next run removes.
+        prefix = "grm-engines-"
+        remove_dead_owners(Path(tempfile.gettempdir()), prefix)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
         self._backends: dict[str, list[Proc]] = {}
         self._service: Proc | None = None
 
@@ -204,7 +210,7 @@ class EnginePool:
         # goes with the pool: a test that SIGKILLs the gateway leaves them there.
         env = {"GRM_AUDIT_FRACTION": "0", "TMPDIR": str(self.root), **COMPUTE_REPEATS,
                **UNMEASURED_ENGINES}
-        return start_gateway(self.root, *args, env=env)
+        return start_gateway(self.root, *args, env=env, tied=True)
 
     def service(self) -> Proc:
         """A gateway that launched its two text replicas, every replica ready."""

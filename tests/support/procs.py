@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.tied import tie
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -57,11 +59,15 @@ def start_stub(tmp: Path, *args: str) -> Proc:
     return Proc(popen, f"http://127.0.0.1:{int(line.split()[1])}", log)
 
 
-def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Proc:
+def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None,
+                  tied: bool = False) -> Proc:
+    """`tied`: SIGTERM once this process is gone (`tied.py`: start it from the main thread)."""
     port = free_port()
     log = tmp / f"gateway-{port}.log"
     argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
             "--work-dir", str(tmp / f"work-{port}"), *args]
+    if tied:
+        argv = tie(argv)
     with log.open("wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, env={**os.environ, **(env or {})})
