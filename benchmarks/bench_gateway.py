@@ -60,11 +60,11 @@ class Contender:
     urls: list[str]
     procs: list[procs.Proc]  # none: direct to the stubs
 
-    def cpu(self) -> float:
-        return sum(p.cpu() for p in self.procs)
-
-    def system(self) -> float:
-        return sum(p.system() for p in self.procs)
+    def user_system(self) -> tuple[float, float]:
+        """CPU seconds, and their kernel part (one pass over /proc per process)."""
+        splits = [p.user_system() for p in self.procs]
+        system = sum(s for _, s in splits)
+        return sum(u for u, _ in splits) + system, system
 
 
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path],
@@ -105,11 +105,12 @@ def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
 
 
 def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
-    proxy0, sys0 = c.cpu(), c.system()
+    proxy0, sys0 = c.user_system()
     stub0 = sum(s.cpu() for s in stubs)
     res = loadgen.run_split(c.urls, load)
     n = max(res.requests, 1)
-    proxy, system = c.cpu() - proxy0, c.system() - sys0
+    proxy1, sys1 = c.user_system()
+    proxy, system = proxy1 - proxy0, sys1 - sys0
     stub = sum(s.cpu() for s in stubs) - stub0
     return Run(rnd, load.connections, c.name, res.rps, res.pct_ms(50), res.pct_ms(90),
                res.pct_ms(99), res.errors, res.requests, proxy / n * 1e6, stub / n * 1e6,

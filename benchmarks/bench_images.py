@@ -163,13 +163,13 @@ def perf_profile(gateway: procs.Proc, body: bytes, seconds: float, top: int = 20
          "-o", str(out), "--", "sleep", str(seconds + 1)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)
-    before, started, requests = _user_system(gateway.pid), time.monotonic(), 0
+    before, started, requests = gateway.user_system(), time.monotonic(), 0
     while time.monotonic() - started < seconds:
         conn.request("POST", "/v1/chat/completions", body=body,
                      headers={"content-type": "application/json"})
         conn.getresponse().read()
         requests += 1
-    after = _user_system(gateway.pid)
+    after = gateway.user_system()
     conn.close()
     _, err = recorder.communicate(timeout=seconds + 60)
     if recorder.returncode != 0:
@@ -184,12 +184,6 @@ def perf_profile(gateway: procs.Proc, body: bytes, seconds: float, top: int = 20
     user, system = ((a - b) / requests * 1e3 for a, b in zip(after, before, strict=True))
     return (f"{requests} requests: user {user:.2f} ms + system {system:.2f} ms per request\n"
             + "\n".join(lines))
-
-
-def _user_system(pid: int) -> tuple[float, float]:
-    fields = procs.stat_fields(pid)
-    ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def hot_path_steps(body: dict[str, object]) -> dict[str, float]:

@@ -61,14 +61,15 @@ def stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def system_seconds(pid: int) -> float:
-    """stime of a process (all its threads) and of its live descendants: the kernel's share
-    of `cpu_seconds` (system calls, the sockets' copies and TCP)."""
-    total = 0.0
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """utime and stime of a process (all its threads) and of its live descendants, in one pass:
+    the kernel's share (system calls, the sockets' copies and TCP) apart."""
+    user = system = 0.0
     for p in [pid, *_descendants(pid)]:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            total += int(stat_fields(p)[12]) / _TICKS
-    return total
+            fields = stat_fields(p)
+            user, system = user + int(fields[11]) / _TICKS, system + int(fields[12]) / _TICKS
+    return user, system
 
 
 def cpu_seconds(pid: int, reaped: bool = False) -> float:
@@ -113,8 +114,8 @@ class Proc:
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
 
-    def system(self) -> float:
-        return system_seconds(self.pid)
+    def user_system(self) -> tuple[float, float]:
+        return user_system_seconds(self.pid)
 
     def stop(self) -> None:
         _stop(self.popen)

@@ -18,6 +18,13 @@ import httpx
 from tests.support.tied import tie
 
 
+def gone_pid() -> int:
+    """The pid of a process that has ended (a child run and waited for): an owner that is gone."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +12,7 @@ from grm_service.commands.backend import backend_command, replica_spec
 from grm_service.config import Settings
 from grm_service.engine_side.identity import MIDDLEWARE
 from grm_service.engines import select_engine
+from tests.support.procs import gone_pid
 
 
 @pytest.fixture(autouse=True)
@@ -50,10 +49,8 @@ def test_a_backend_sweeps_the_temp_dir_an_earlier_backend_left(tmp_path: Path) -
     """A backend becomes the engine (exec): nothing of it is left to remove its temp dir, so
     the next backend on the same work dir does, once that process is gone."""
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
-    earlier = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                             capture_output=True, text=True, check=True)
     mine = replica_spec(settings, select_engine(settings)).tmp_dir
-    left = mine.with_name(f"{mine.name.rsplit('-', 2)[0]}-{earlier.stdout.strip()}-r0")
+    left = mine.with_name(f"{mine.name.rsplit('-', 2)[0]}-{gone_pid()}-r0")
     (left / "sockets").mkdir(parents=True)
     command = backend_command(settings, {})
     assert not left.exists()

@@ -13,6 +13,7 @@ from grm_service.config import Settings
 from grm_service.engines.base import ChildCommand, Engine, ReplicaSpec
 from grm_service.engines.vllm_cpu import VllmCpu
 from grm_service.engines.vllm_gpu import VllmGpu
+from tests.support.procs import gone_pid
 
 
 def _two_replicas(engine: Engine) -> list[ChildCommand]:
@@ -49,12 +50,6 @@ def test_the_replicas_share_one_inductor_cache_unless_the_operator_sets_one(tmp_
     assert VllmCpu(own).command(spec, {}).env["TORCHINDUCTOR_CACHE_DIR"] == "/srv/ind"
 
 
-def _gone_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(done.stdout)
-
-
 def test_temp_dirs_of_gone_launchers_are_swept_those_of_live_ones_kept(tmp_path: Path) -> None:
     spec = ReplicaSpec(name="r0", index=0, port=9000, work_dir=tmp_path / "run" / "r0")
     other = ReplicaSpec(name="r1", index=1, port=9001, work_dir=tmp_path / "run" / "r1")
@@ -62,7 +57,7 @@ def test_temp_dirs_of_gone_launchers_are_swept_those_of_live_ones_kept(tmp_path:
     prefix = mine.name.rsplit("-", 2)[0]  # grm-<work dir's tag>, then -<pid>-<name>
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        gone = mine.with_name(f"{prefix}-{_gone_pid()}-r0")
+        gone = mine.with_name(f"{prefix}-{gone_pid()}-r0")
         alive = mine.with_name(f"{prefix}-{live.pid}-r0")
         for folder in (mine, gone, alive, other.tmp_dir):
             (folder / "sockets").mkdir(parents=True)
