@@ -96,11 +96,13 @@ def _start_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
 
 
 def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
-                           src: Path | None) -> Contender:
+                           src: Path | None, tag: str = "",
+                           env: dict[str, str] | None = None) -> Contender:
     """`serve --workers N`: one port, one replica set; CPU counts every worker (descendants).
-    `src`: a folder holding another `grm_service` to run instead of the checkout's."""
-    name = f"grm-service-w{n}"
-    proc = procs.start_grm(f, backends, name, src, extra=["--workers", str(n)])
+    `src`: a folder holding another `grm_service` to run instead of the checkout's; `env`
+    one more variable, the contender then named `grm-service-wN-TAG`."""
+    name = f"grm-service-w{n}" + (f"-{tag}" if tag else "")
+    proc = procs.start_grm(f, backends, name, src, extra=["--workers", str(n)], env_extra=env)
     return Contender(name, [proc.url], [proc])
 
 
@@ -199,6 +201,10 @@ def main() -> None:
                         help="each stub answers after S seconds: a replica the gateway does not "
                         "saturate (with c above GRM_MAX_INFLIGHT_PER_REPLICA, requests wait in "
                         "its gate)")
+    parser.add_argument("--fast-stubs", action="store_true",
+                        help="stubs that answer the engine routes in their protocol "
+                        "(stub_server.py --fast): the stubs' CPU no longer competes with "
+                        "many gateway workers for the machine's cores")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
@@ -215,6 +221,9 @@ def main() -> None:
                         help="also run N independent grm-service processes, load split")
     parser.add_argument("--gateway-workers", type=int, nargs="*", default=[], metavar="N",
                         help="also run grm-service with --workers N (contender grm-service-wN)")
+    parser.add_argument("--gateway-workers-env", action="append", default=[],
+                        metavar="TAG=VAR=VALUE", help="also run every --gateway-workers N with "
+                        "one more env var (contender grm-service-wN-TAG)")
     parser.add_argument("--pair-with", default=None, metavar="NAME",
                         help="also compare every contender with NAME round by round")
     parser.add_argument("--workers-src", type=Path, default=None, metavar="DIR",
@@ -229,12 +238,14 @@ def main() -> None:
     variants = {k: Path(v) for k, v in (s.split("=", 1) for s in args.variant)}
     env_variants = {name: (var, value) for name, var, value
                     in (spec.split("=", 2) for spec in args.env_variant)}
+    gw_env = [tuple(spec.split("=", 2)) for spec in args.gateway_workers_env]
     names = [*args.contenders, *variants, *env_variants]
     runs: list[Run] = []
     failed: dict[str, str] = {}
     started = time.time()
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i, args.stub_delay) for i in range(args.replicas)]
+        stubs = [procs.start_stub(f, i, args.stub_delay, args.fast_stubs)
+                 for i in range(args.replicas)]
         backends = [s.url for s in stubs]
         contenders = [Contender("direct", backends, [])] if "direct" in names else []
         for name in names:
@@ -249,6 +260,9 @@ def main() -> None:
             contenders.append(_start_workers(f, n, backends))
         for n in args.gateway_workers:
             contenders.append(_start_gateway_workers(f, n, backends, args.workers_src))
+            for tag, var, value in gw_env:
+                contenders.append(_start_gateway_workers(f, n, backends, args.workers_src, tag,
+                                                         {var: value}))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
             for conc in args.concurrency:
@@ -261,13 +275,15 @@ def main() -> None:
                           f"p50 {run.p50_ms:8.3f} p99 {run.p99_ms:9.3f} ms  "
                           f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
     present = ([c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
-               + [f"grm-service-w{n}" for n in args.gateway_workers])
+               + [f"grm-service-w{n}{suffix}" for n in args.gateway_workers
+                  for suffix in ["", *(f"-{tag}" for tag, _, _ in gw_env)]])
     table = summarize(runs, present)
     if args.pair_with:
         table += "\n" + paired(runs, args.pair_with)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
-            "replicas": args.replicas, "stub_delay_s": args.stub_delay, "rounds": args.rounds,
+            "replicas": args.replicas, "stub_delay_s": args.stub_delay,
+            "fast_stubs": args.fast_stubs, "rounds": args.rounds,
             "duration_s": args.duration,
             "wall_s": round(time.time() - started), "failed": failed,
             "argv": " ".join(sys.argv)}

@@ -188,12 +188,14 @@ def wait_ready(proc: Proc, path: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{proc.name} not ready after {timeout:.0f}s:\n{proc.tail()}")
 
 
-def start_stub(f: Fleet, index: int, delay: float = 0.0) -> Proc:
+def start_stub(f: Fleet, index: int, delay: float = 0.0, fast: bool = False) -> Proc:
     port = free_port()
     # The project's stub app, bound so that TCP_NODELAY applies (stub_server.py says why).
     argv = [str(MAIN_PY), str(REPO / "benchmarks" / "stub_server.py"), "--port", str(port)]
     if delay:
         argv += ["--delay", str(delay)]
+    if fast:
+        argv.append("--fast")
     proc = f.spawn(f"stub{index}", argv, f"http://127.0.0.1:{port}",
                    env={"PYTHONPATH": str(REPO)})
     wait_ready(proc, "/health")

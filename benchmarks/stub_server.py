@@ -5,18 +5,100 @@ runs the same app on uvicorn's loop factory (uvloop), as `uvicorn.run` would, so
 the slow side. (Both bind with IPPROTO_TCP: asyncio and uvloop set TCP_NODELAY on accepted
 sockets only then; without it each keep-alive reply waited ~40 ms for a delayed ACK.)
 
-    python benchmarks/stub_server.py --port 0 [--delay S]   # prints PORT n
+`--fast`: `POST /v1/chat/completions` and `POST /classify` are answered by the protocol itself,
+with the app's bytes (`FastStubProtocol`), and every other request goes to the app. Where many
+gateway workers share a machine with the stubs (benchmarks/gpu), the app's per-request cost
+(~100 us of Starlette and ASGI) took cores the gateway's scaling was to be measured on.
+
+    python benchmarks/stub_server.py --port 0 [--delay S] [--fast]   # prints PORT n
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import socket
 import sys
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grm_service.testing.stub_openai import build_app
+
+_FAST_PATHS = (b"/v1/chat/completions", b"/classify")
+_CLASSIFY = {"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]}
+
+
+def _json(content: Any) -> bytes:
+    """Starlette's JSONResponse rendering."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode()
+
+
+def _chat(raw: bytes) -> bytes:
+    """`stub_openai`'s chat answer (its `_completion` with no pad), rendered as the app does."""
+    body = json.loads(raw)
+    return _json({
+        "id": "chatcmpl-stub", "object": "chat.completion", "created": 0,
+        "model": body.get("model", "stub"),
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None, "message": {
+            "role": "assistant", "content": "stub-" + hashlib.sha256(raw).hexdigest()[:16]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    })
+
+
+class FastStubProtocol(HttpToolsProtocol):
+    """uvicorn's protocol, answering the two engine routes without the app. Set `delay` on a
+    subclass. Benchmark code: it leans on uvicorn's private protocol (its version is the
+    project's pin)."""
+
+    delay = 0.0
+    _fast: bytes | None = None
+
+    def on_headers_complete(self) -> None:
+        url = self.url.split(b"?", 1)[0]
+        idle = self.cycle is None or self.cycle.response_complete
+        if url in _FAST_PATHS and self.parser.get_method() == b"POST" and idle:
+            self._fast, self._chunks = url, []
+            return
+        self._fast = None
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self._fast is None:
+            super().on_body(body)
+        else:
+            self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._fast is None:
+            super().on_message_complete()
+            return
+        raw = b"".join(self._chunks)
+        content = _chat(raw) if self._fast == _FAST_PATHS[0] else _json(_CLASSIFY)
+        keep = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        head = [b"HTTP/1.1 200 OK\r\n"]
+        head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
+        head.append(b"content-length: %d\r\ncontent-type: application/json\r\n" % len(content))
+        if not keep:
+            head.append(b"connection: close\r\n")
+        data = b"".join(head) + b"\r\n" + content
+        self._fast = None
+        if self.delay:
+            self.loop.call_later(self.delay, self._send, data, keep)
+        else:
+            self._send(data, keep)
+
+    def _send(self, data: bytes, keep: bool) -> None:
+        if self.transport.is_closing():
+            return
+        self.transport.write(data)
+        if keep:
+            self.on_response_complete()
+        else:
+            self.transport.close()
 
 
 def main() -> None:
@@ -24,13 +106,16 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--fast", action="store_true",
+                        help="answer the engine routes in the protocol (module doc)")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
-    config = uvicorn.Config(build_app(delay_s=args.delay), log_level="warning")
+    http: Any = type("Fast", (FastStubProtocol,), {"delay": args.delay}) if args.fast else "auto"
+    config = uvicorn.Config(build_app(delay_s=args.delay), log_level="warning", http=http)
     # Server.run picks uvicorn's loop factory (uvloop when installed); asyncio.run would not.
     uvicorn.Server(config).run(sockets=[sock])
 

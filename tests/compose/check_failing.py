@@ -23,7 +23,9 @@ import httpx
 
 REPLICAS = ("r0", "r1")
 PUBLISHED = ("gateway-cpu", "prometheus")  # the services with ports in the CI stack
-WAIT_S = 120.0  # Prometheus up, then a few of its 15 s scrapes
+# Prometheus up, the gateway found (service discovery retries every 30-60 s while its name does
+# not resolve yet), then a few 15 s scrapes: 120 s was once too short on a loaded CI machine.
+WAIT_S = 240.0
 
 
 def log(message: str) -> None:

@@ -89,7 +89,8 @@ cleanup() {
     set +e
     if [ "$STACK_UP" = 1 ]; then
         log "cleanup: compose down -v"
-        compose down -v --remove-orphans --timeout 30 >&2
+        # Quiet unless it fails: a failed check's reason stays near the end of the log.
+        compose down -v --remove-orphans --timeout 30 >"$W/down.log" 2>&1 || tail -20 "$W/down.log" >&2
     fi
     [ -n "$INDEX_PID" ] && kill "$INDEX_PID" 2>/dev/null
     if [ -s "$W/dockerd.pid" ]; then
@@ -232,6 +233,18 @@ export GRM_MODELS_DIR="$W/models" GRM_SERVED_MODEL_NAME=tiny-vlm \
     GRAFANA_ADMIN_PASSWORD=unused GRM_HTTP_PORT="$GW_PORT" PROMETHEUS_PORT="$PROM_PORT"
 COMPOSE_LINE="$COMPOSE -p $PROJECT -f $ROOT/deploy/docker-compose.yml -f $ROOT/deploy/docker-compose.replicas.yml -f $HERE/compose.ci.yml --profile cpu"
 
+check() {  # SCRIPT ARGS...: one check of the stack, its output kept for `failed`
+    "$PY" "$@" 2>&1 | tee "$W/check.log" >&2
+}
+failed() {  # STEP LINES: the containers' last LINES lines, then the step's own end again, last,
+    # where a log cut to its tail (CI shows the end of this one) still shows why it failed
+    compose ps -a >&2
+    compose logs --no-color --tail "$2" >&2
+    log "FAILED: $1; its last lines again:"
+    tail -25 "$W/check.log" >&2
+    exit 1
+}
+
 # First a start that cannot succeed (a model path that does not exist): monitoring must be up
 # and show it. Then the same project with the real model: the replicas and the gateway are
 # recreated (their settings changed), Prometheus keeps running.
@@ -239,25 +252,22 @@ log "compose up with a missing model (project $PROJECT, gateway 127.0.0.1:$GW_PO
 export GRM_MODEL=/models/missing
 STACK_UP=1
 compose up -d --no-build >&2
-"$PY" "$HERE/check_failing.py" --gateway "http://127.0.0.1:$GW_PORT" \
+check "$HERE/check_failing.py" --gateway "http://127.0.0.1:$GW_PORT" \
     --prometheus "http://127.0.0.1:$PROM_PORT" --docker "$DOCKER" --compose "$COMPOSE_LINE" \
-    || { compose logs --no-color --tail 40 >&2; exit 1; }
+    || failed "check_failing.py" 40
 lap "failing start watched"
 
 export GRM_MODEL=/models/tiny-vlm
 log "compose up with the model"
-if ! compose up -d --no-build --wait --wait-timeout 600 >&2; then
-    compose ps -a >&2
-    compose logs --no-color --tail 40 >&2
-    exit 1
-fi
+compose up -d --no-build --wait --wait-timeout 600 2>&1 | tee "$W/check.log" >&2 \
+    || failed "compose up --wait" 40
 lap "compose up (healthy)"
 
-"$PY" "$HERE/check_stack.py" --gateway "http://127.0.0.1:$GW_PORT" \
+check "$HERE/check_stack.py" --gateway "http://127.0.0.1:$GW_PORT" \
     --prometheus "http://127.0.0.1:$PROM_PORT" --docker "$DOCKER" \
     --compose "$COMPOSE_LINE" \
     --samples "$ROOT/grm_service/samples" --network "${PROJECT}_default" \
-    || { compose logs --no-color --tail 60 >&2; exit 1; }
+    || failed "check_stack.py" 60
 lap "stack checks"
 
 log "compose down -v"

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Gateway workers at saturation on the device machine's cores (no GPU used), with stubs that
+# cost little (bench_gateway.py --fast-stubs), beside the same run on the stub app, so that one
+# call shows how much of the curve the stubs' own CPU took:
+#  1. the machine's topology (which logical CPUs share a physical core);
+#  2. 4 fast stubs, c = 64 and 256, `serve --workers 1/2/4/8` against vllm-router and direct;
+#  3. 4 app stubs, c = 64, the same contenders;
+#  4. workers below saturation (PARTS="waits"): one fast stub answering after 0.1 s, c = 512
+#     against its 256 in-flight bound;
+#  5. idle workers' CPU per second (benchmarks/idle_cpu.py).
+#
+#   KIT=DIR [PARTS="topology fast app waits idle"] [TAG=name] bash benchmarks/gpu/run_scaling.sh
+#
+# KIT as for run_workers.sh. Results go to $OUT.
+set -u -o pipefail
+OUT=${OUT:-/tmp/grm-scaling}; mkdir -p "$OUT"
+TAG=${TAG:-a}
+# shellcheck source=benchmarks/gpu/kit_env.sh
+source benchmarks/gpu/kit_env.sh
+PARTS=${PARTS:-topology fast app idle}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+bench() {  # NAME TIMEOUT ARGS...: one bench_gateway run, its tables and raw runs kept in $OUT
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" .venv/bin/python benchmarks/bench_gateway.py "$@" --out "$name" 2>&1 \
+        | tail -30 | tee "$OUT/$name.txt"
+    cp "benchmarks/results/$name.json" "benchmarks/results/$name.md" "$OUT/" 2>/dev/null
+}
+part topology && { lscpu; lscpu -e; } >"$OUT/topology-$TAG.txt" 2>&1
+workers=(--contenders direct vllm-router --gateway-workers 1 2 4 8 --replicas 4 --rounds 3
+         --duration 4 --pair-with grm-service-w1)
+part fast && bench "scaling-fast-$TAG" 240 "${workers[@]}" --fast-stubs --concurrency 64 256
+part app && bench "scaling-app-$TAG" 140 "${workers[@]}" --concurrency 64
+part waits && bench "waits-fast-$TAG" 170 --contenders direct --gateway-workers 1 2 4 8 \
+    --replicas 1 --fast-stubs --stub-delay 0.1 --concurrency 512 --rounds 3 --duration 4 \
+    --pair-with grm-service-w1
+part idle && timeout 100 .venv/bin/python benchmarks/idle_cpu.py --seconds 8 2>&1 | tail -12 \
+    | tee "$OUT/idle-$TAG.md"
