@@ -221,6 +221,10 @@ def main() -> None:
                         help="also run N independent grm-service processes, load split")
     parser.add_argument("--gateway-workers", type=int, nargs="*", default=[], metavar="N",
                         help="also run grm-service with --workers N (contender grm-service-wN)")
+    parser.add_argument("--gateway-workers-src", action="append", default=[],
+                        metavar="TAG=DIR", help="also run every --gateway-workers N from "
+                        "DIR/grm_service (contender grm-service-wN-TAG): before and after in "
+                        "the same rounds")
     parser.add_argument("--gateway-workers-env", action="append", default=[],
                         metavar="TAG=VAR=VALUE", help="also run every --gateway-workers N with "
                         "one more env var (contender grm-service-wN-TAG)")
@@ -239,6 +243,8 @@ def main() -> None:
     env_variants = {name: (var, value) for name, var, value
                     in (spec.split("=", 2) for spec in args.env_variant)}
     gw_env = [tuple(spec.split("=", 2)) for spec in args.gateway_workers_env]
+    gw_src = [(tag, Path(src)) for tag, src in
+              (spec.split("=", 1) for spec in args.gateway_workers_src)]
     names = [*args.contenders, *variants, *env_variants]
     runs: list[Run] = []
     failed: dict[str, str] = {}
@@ -263,6 +269,8 @@ def main() -> None:
             for tag, var, value in gw_env:
                 contenders.append(_start_gateway_workers(f, n, backends, args.workers_src, tag,
                                                          {var: value}))
+            for tag, src in gw_src:
+                contenders.append(_start_gateway_workers(f, n, backends, src, tag))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
             for conc in args.concurrency:
@@ -276,7 +284,8 @@ def main() -> None:
                           f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
     present = ([c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
                + [f"grm-service-w{n}{suffix}" for n in args.gateway_workers
-                  for suffix in ["", *(f"-{tag}" for tag, _, _ in gw_env)]])
+                  for suffix in ["", *(f"-{tag}" for tag, _, _ in gw_env),
+                                 *(f"-{tag}" for tag, _ in gw_src)]])
     table = summarize(runs, present)
     if args.pair_with:
         table += "\n" + paired(runs, args.pair_with)

@@ -7,9 +7,16 @@
 #  3. 4 app stubs, c = 64, the same contenders;
 #  4. workers below saturation (PARTS="waits"): one fast stub answering after 0.1 s, c = 512
 #     against its 256 in-flight bound;
-#  5. idle workers' CPU per second (benchmarks/idle_cpu.py).
+#  5. idle workers' CPU per second (benchmarks/idle_cpu.py);
+#  6. where the growth of CPU per request with N comes from (PARTS="gate bisect"): the shared
+#     gate alone taken by 1-16 processes at once (bench_shared_gate.py), and 1 and 8 workers,
+#     their ledger on and off, beside 8 independent gateways (no shared gate, metrics or ledger);
+#  7. this tree against BEFORE (a folder holding an older grm_service), in the same rounds
+#     (PARTS="gate-ab curve-ab waits-ab"): the shared gate alone (1 and 4 replicas), the curve
+#     at c = 64 with 8 independent gateways beside it, and workers below saturation.
 #
-#   KIT=DIR [PARTS="topology fast app waits idle"] [TAG=name] bash benchmarks/gpu/run_scaling.sh
+#   KIT=DIR [BEFORE=DIR] [PARTS="topology fast app waits idle gate bisect gate-ab curve-ab
+#       waits-ab"] [TAG=name] bash benchmarks/gpu/run_scaling.sh
 #
 # KIT as for run_workers.sh. Results go to $OUT.
 set -u -o pipefail
@@ -34,5 +41,27 @@ part app && bench "scaling-app-$TAG" 140 "${workers[@]}" --concurrency 64
 part waits && bench "waits-fast-$TAG" 170 --contenders direct --gateway-workers 1 2 4 8 \
     --replicas 1 --fast-stubs --stub-delay 0.1 --concurrency 512 --rounds 3 --duration 4 \
     --pair-with grm-service-w1
+part gate && PYTHONPATH=$PWD timeout 120 .venv/bin/python benchmarks/bench_shared_gate.py \
+    --rounds 20000 --processes 1 2 4 8 16 2>&1 | tee "$OUT/gate-$TAG.md"
+part bisect && bench "scaling-bisect-$TAG" 260 --contenders vllm-router --gateway-workers 1 8 \
+    --gateway-workers-env noledger=GRM_LEDGER=false --workers 8 --replicas 4 --fast-stubs \
+    --concurrency 64 256 --rounds 3 --duration 4 --pair-with grm-service-w1
+if part gate-ab; then
+    for replicas in 1 4; do
+        for tree in before after; do
+            src=$PWD; [ "$tree" = before ] && src=${BEFORE:?}
+            echo "$tree:" | tee -a "$OUT/gate-ab-$TAG.md"
+            PYTHONPATH=$src timeout 100 .venv/bin/python benchmarks/bench_shared_gate.py \
+                --rounds 10000 --repeats 2 --replicas "$replicas" --processes 1 2 4 8 16 2>&1 \
+                | tee -a "$OUT/gate-ab-$TAG.md"
+        done
+    done
+fi
+part curve-ab && bench "curve-ab-$TAG" 260 --contenders vllm-router --gateway-workers 1 2 4 8 \
+    --gateway-workers-src "before=${BEFORE:?}" --workers 8 --replicas 4 --fast-stubs \
+    --concurrency 64 --rounds 3 --duration 4 --pair-with grm-service-w1
+part waits-ab && bench "waits-ab-$TAG" 220 --contenders direct --gateway-workers 1 2 4 8 \
+    --gateway-workers-src "before=${BEFORE:?}" --replicas 1 --fast-stubs --stub-delay 0.1 \
+    --concurrency 512 --rounds 3 --duration 4 --pair-with grm-service-w1
 part idle && timeout 100 .venv/bin/python benchmarks/idle_cpu.py --seconds 8 2>&1 | tail -12 \
     | tee "$OUT/idle-$TAG.md"

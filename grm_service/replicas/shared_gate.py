@@ -12,11 +12,20 @@ Three parts:
   cannot both take the last one. A fixed split of the bound between workers was measured first:
   connections do not spread evenly over the workers, so a busy worker queued requests at its
   share while the replica had room (256 OCR requests on an H200 with 4 workers: 0.62x direct);
-- across processes, POSIX record locks on bytes of one file per run. The *hold* byte is
+- across processes, POSIX record locks on bytes of one file per replica. The *hold* byte is
   read-locked by a process while it has one or more shared holders (counted here: a process
   holds one lock, not one per request) and write-locked by an exclusive holder. The *intent*
-  byte is write-locked by a process waiting for exclusive; a reader takes it shared for a moment
-  before its read lock, so no new reader gets in while a writer waits.
+  byte is write-locked by a process waiting for exclusive; a process's first reader takes it
+  shared for a moment before its read lock, so no new reader gets in while a writer waits. A
+  process that already holds the read lock looks at the writers' *intent* marks in the count
+  map instead (a writer marks its slot while it holds the intent byte): no lock call.
+
+Why so few lock calls, and one file per replica: every request took six to eight, all on one
+file, and the kernel serializes the record locks of a file. Eight busy workers each paid 13x
+what one did for a slot (benchmarks/gpu/RESULTS.md, the shared gate alone), and CPU per request
+grew with the number of workers. Now a request in a process already holding the read lock makes
+four, on its replica's file: the count lock taken and given back to take a slot, and again to
+free it.
 
 Why record locks: the kernel drops every lock of a process that dies, so a crashed worker cannot
 wedge a replica, and no lock server is needed. A dead worker's counts are zeroed by the manager
@@ -65,12 +74,14 @@ from grm_service.replicas.wakeups import Sender, Wakeups
 _UNBOUNDED = 1 << 30
 # Replica slots in the count map (a sparse file: only the pages used take memory).
 MAX_REPLICAS = 4096
-_BYTES_PER_REPLICA = 3  # lock bytes: hold, intent, count
+_HOLD, _INTENT_BYTE, _COUNT_LOCK = 0, 1, 2  # lock bytes of a replica's file
+_COUNT_LOCK_TRIES = 4
 # The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
 # ones waiting for exclusive (the only ones a reader's glance at the intent byte can block) and
-# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them).
-_HOLDERS, _WAITERS, _WRITERS, _SLOTS = 0, 1, 2, 3
-_TABLES = 4
+# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them); and 1
+# where the worker's writer holds the intent byte (readers look here instead of at the byte).
+_HOLDERS, _WAITERS, _WRITERS, _SLOTS, _INTENT = 0, 1, 2, 3, 4
+_TABLES = 5
 
 
 def _counts_path(gates: Path) -> Path:
@@ -132,6 +143,16 @@ class Counts:
     def writers_elsewhere(self, replica: int) -> list[int]:
         return self.parked_elsewhere(replica, _WRITERS)
 
+    def intent(self, replica: int, marked: bool) -> None:
+        """This worker's writer holds the replica's intent byte (True) or no longer does."""
+        self._slots[self._at(_INTENT, replica, self.worker)] = int(marked)
+
+    def writer_intends(self, replica: int) -> bool:
+        """A writer anywhere holds the replica's intent byte (its mark, read without a lock: a
+        reader that misses a mark just set delays that writer by one request, never lets a
+        shared holder in beside an exclusive one; the hold byte sees to that)."""
+        return any(self.row(_INTENT, replica))
+
     def next_slot_waiter(self, replica: int, start: int) -> int | None:
         """The first worker from `start` on, in turn (this one included), with a task waiting
         for a slot of `replica`."""
@@ -158,14 +179,19 @@ def release_worker(gates: Path, worker: int, workers: int) -> None:
         sender.close()
 
 
+def _lock_path(gates: Path, index: int) -> Path:
+    return gates.with_name(f"{gates.name}.{index}")
+
+
 class GateFile:
-    """The run's lock file, opened once by each worker process; one `SharedGate` per replica."""
+    """The run's gates: each replica's lock file, opened once by each worker process when its
+    gate is first asked for, and kept open; one `SharedGate` per replica."""
 
     def __init__(self, path: Path, worker: int, workers: int) -> None:
         self.path = path
         self.worker = worker
         self.workers = workers
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fds: dict[int, int] = {}
         self._counts = Counts(_counts_path(path), worker, workers)
         self._wakeups = Wakeups(path, worker, workers)
 
@@ -173,7 +199,11 @@ class GateFile:
         """The gate of the replica at `index` in the replica list (the same list everywhere)."""
         if not 0 <= index < MAX_REPLICAS:
             raise ValueError(f"at most {MAX_REPLICAS} replicas share gates across workers")
-        return SharedGate(self._fd, index, self._counts, self._wakeups)
+        fd = self._fds.get(index)
+        if fd is None:
+            fd = self._fds[index] = os.open(_lock_path(self.path, index),
+                                            os.O_RDWR | os.O_CREAT, 0o600)
+        return SharedGate(fd, index, self._counts, self._wakeups)
 
     def slot_waiters(self, index: int) -> list[int]:
         """Per worker, its tasks waiting for a slot of the replica at `index` (a look at the
@@ -183,7 +213,9 @@ class GateFile:
     def close(self) -> None:
         self._wakeups.close()
         self._counts.close()
-        os.close(self._fd)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class SharedGate(Gate):
@@ -195,9 +227,9 @@ class SharedGate(Gate):
         self._local = Gate()
         self._fd = fd
         self._index = index
-        self._hold = _BYTES_PER_REPLICA * index
-        self._intent = self._hold + 1
-        self._count_lock = self._hold + 2
+        self._hold = _HOLD
+        self._intent = _INTENT_BYTE
+        self._count_lock = _COUNT_LOCK
         self._counts = counts
         self._wakeups = wakeups
         self._readers = 0  # this process's shared holders that hold the read lock
@@ -341,7 +373,12 @@ class SharedGate(Gate):
             self._wakeups.wake_here()
 
     def _lock_counts(self) -> None:
-        # Held for a few instructions by whoever has it: blocking is shorter than polling.
+        # Held for a few instructions by whoever has it: a few tries without blocking first,
+        # since a blocked process is put to sleep and woken by the holder's unlock, which costs
+        # both more than the tries; then blocking, shorter than polling.
+        for _ in range(_COUNT_LOCK_TRIES):
+            if self._lock(self._count_lock, exclusive=True):
+                return
         fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
 
     def _take_count(self, capacity: int) -> bool:
@@ -377,24 +414,23 @@ class SharedGate(Gate):
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
         await self._until(lambda: self._lock(self._intent, exclusive=True), _WRITERS)
+        self._counts.intent(self._index, True)
         try:
             await self._until(lambda: self._lock(self._hold, exclusive=True), _WRITERS)
         finally:
+            self._counts.intent(self._index, False)
             self._unlock(self._intent)
             self._changed()
 
     def _writer_waiting(self) -> bool:
-        if not self._lock(self._intent, exclusive=False):
-            return True
-        self._unlock_intent_glance()
-        return False
+        return self._counts.writer_intends(self._index)
 
     def _unlock_intent_glance(self) -> None:
-        """End a reader's momentary shared hold of the intent byte: a writer whose try met it
-        waits for the byte (see the module doc for why no lock is needed to read the waiters).
-        Only writers: every request takes this glance, and waking the tasks that wait for a
-        shared slot too cost every parked worker a retry per request (benchmarks/gpu/RESULTS.md,
-        workers below saturation)."""
+        """End a first reader's momentary shared hold of the intent byte: a writer whose try met
+        it waits for the byte (see the module doc for why no lock is needed to read the
+        waiters). Only writers: waking the tasks that wait for a shared slot too cost every
+        parked worker a retry per glance (benchmarks/gpu/RESULTS.md, workers below
+        saturation)."""
         self._unlock(self._intent)
         if elsewhere := self._counts.writers_elsewhere(self._index):
             self._wakeups.wake(elsewhere)

@@ -468,3 +468,40 @@ def test_a_freed_slot_stays_with_its_worker_but_every_worker_gets_its_turn(
     # 12 without the turn; 1 where every freed slot goes by turn (a wake-up for another
     # process every time).
     assert holds.index(2) == 3, holds
+
+
+def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the read lock already held (a worker with requests in flight), a slot costs the
+    count lock twice (take, free) and nothing else: each lock call is one the kernel orders
+    against every other worker's (benchmarks/gpu/RESULTS.md), and each replica's calls go to
+    that replica's file."""
+    from grm_service.replicas import shared_gate
+
+    calls: list[int] = []
+    real = shared_gate.fcntl.lockf
+
+    def counted(fd: int, cmd: int, length: int = 0, start: int = 0, whence: int = 0) -> None:
+        calls.append(fd)
+        real(fd, cmd, length, start, whence)
+
+    gates = GateFile(tmp_path / "gates", 0, 2)
+    try:
+        first, other = gates.gate(0), gates.gate(1)
+
+        async def slots() -> None:
+            await first.acquire(False, 8)  # held throughout: the read lock stays held
+            await other.acquire(False, 8)
+            monkeypatch.setattr(shared_gate.fcntl, "lockf", counted)
+            for _ in range(100):
+                await first.acquire(False, 8)
+                await first.release(False)
+            monkeypatch.setattr(shared_gate.fcntl, "lockf", real)
+            await other.release(False)
+            await first.release(False)
+
+        asyncio.run(slots())
+    finally:
+        gates.close()
+    assert len(calls) == 400
+    assert len(set(calls)) == 1, "one replica's slots lock that replica's file only"
