@@ -54,7 +54,7 @@ def _worker(path: str, worker: int, workers: int, load: tuple[int, int, int], go
 
 
 def _together(processes: int, load: tuple[int, int, int]) -> list[float]:
-    """Each process's us per slot, all of them on one gate file at once."""
+    """Each process's us per slot, all of them on one run's gates at once."""
     ctx = multiprocessing.get_context("fork")
     go, results = ctx.Event(), ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

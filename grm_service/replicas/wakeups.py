@@ -2,11 +2,12 @@
 gate (shared_gate.py) sleeps on an event that another process sets through a socket, instead of
 polling the gate.
 
-Each worker binds one Unix datagram socket, named in Linux's abstract namespace after the run's
-gate file (no path to remove, no length limit; it goes with the process). Whoever frees something
-a waiter may want sends one byte to each worker that has waiters; the receiving loop reads what
-came and sets its one event, and every parked task retries. One event per process, not one per
-replica: a byte that could not be sent (the receiver's queue is full) is then never a lost
+Each worker binds one Unix datagram socket, named in Linux's abstract namespace after the path
+the run's gate files are named from (no path to remove, no length limit; it goes with the
+process). Whoever frees something a waiter may want sends one byte to each worker that has
+waiters; the receiving loop reads what came and sets its one event, and every parked task
+retries. One event per process, not one per replica: a byte that could not be sent (the
+receiver's queue is full) is then never a lost
 wake-up, because the bytes already queued wake the same tasks.
 """
 
@@ -23,7 +24,7 @@ _WAKE = b"w"
 
 
 def address(gates: Path, worker: int) -> str:
-    """The abstract socket name of `worker` in the run whose gate file is `gates`."""
+    """The abstract socket name of `worker` in the run whose gate files are named from `gates`."""
     run = hashlib.blake2b(str(gates.resolve()).encode(), digest_size=12).hexdigest()
     return f"\0grm-wake-{run}-{worker}"
 
