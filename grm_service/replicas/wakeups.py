@@ -7,8 +7,8 @@ the run's gate files are named from (no path to remove, no length limit; it goes
 process). Whoever frees something a waiter may want sends one byte to each worker that has
 waiters; the receiving loop reads what came and sets its one event, and every parked task
 retries. One event per process, not one per replica: a byte that could not be sent (the
-receiver's queue is full) is then never a lost
-wake-up, because the bytes already queued wake the same tasks.
+receiver's queue is full) is then never a lost wake-up, because the bytes already queued wake
+the same tasks.
 """
 
 from __future__ import annotations
