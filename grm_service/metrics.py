@@ -9,10 +9,14 @@ own, the same in every worker (the service identity comes from the one snapshot)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from grm_service.tally import Tally
 
 # Where the workers of `serve --workers N` write their values (workers.py sets it for them).
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -25,11 +29,27 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 ERROR_LABEL_CHARS = 160
 
 
+class _FlushFirst:
+    """Registered first: any read of the registry (a scrape, a test's sample) collects the
+    request path's pending updates (`Tally`) before the metrics they go to."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+
+    def collect(self) -> Iterable[Metric]:
+        self.tally.flush()
+        return []
+
+
 class Metrics:
+    """Every metric; `tally` takes the request path's updates (tally.py says why)."""
+
     def __init__(self, multiprocess_dir: Path | None = None) -> None:
         self.multiprocess_dir = multiprocess_dir
+        self.tally = Tally()
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(_FlushFirst(self.tally))
         self.requests = Counter(
             "grm_requests", "Requests answered, by route, status and replica.",
             ["route", "status", "replica"], registry=r,
@@ -39,7 +59,8 @@ class Metrics:
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.inflight = Gauge(
-            "grm_requests_in_flight", "Requests being forwarded, by replica.", ["replica"],
+            "grm_requests_in_flight", "Requests being forwarded, by replica (with `serve "
+            "--workers N`, each worker's part updated every second).", ["replica"],
             registry=r, multiprocess_mode="livesum",
         )
         self.replica_up = Gauge(
@@ -143,11 +164,13 @@ class Metrics:
         """The exposition text of /metrics: this process's, or every worker's merged."""
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
+        self.tally.flush()
         merged = CollectorRegistry()
         MultiProcessCollector(merged, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
         return generate_latest(merged) + generate_latest(self._own)
 
     def answered(self) -> float:
         """Requests this process answered (its own value, in multiprocess mode too)."""
+        self.tally.flush()
         return sum(s.value for m in self.requests.collect() for s in m.samples
                    if s.name.endswith("_total"))

@@ -89,18 +89,23 @@ def _replica_side(
     return Follower(worker.snapshot_path, gates.gate, identity), close
 
 
-async def _count_answered(metrics: Metrics, worker: WorkerRole) -> None:
-    """`grm_worker_requests`: which worker answers how much (off the hot path, every second:
-    the counter moves by what this process answered since)."""
-    assert metrics.worker_requests is not None
-    counter = metrics.worker_requests.labels(worker=str(worker.index))
+async def _flush_metrics(metrics: Metrics, worker: WorkerRole | None) -> None:
+    """Every second: the request path's pending metric updates (tally.py), and with workers
+    `grm_worker_requests`, which worker answers how much (the counter moves by what this
+    process answered since)."""
+    counter = None
+    if worker is not None and metrics.worker_requests is not None:
+        counter = metrics.worker_requests.labels(worker=str(worker.index))
     counted = 0.0
     while True:
-        answered = metrics.answered()
+        await asyncio.sleep(1.0)
+        if counter is None:
+            metrics.tally.flush()
+            continue
+        answered = metrics.answered()  # flushes the tally first
         if answered > counted:
             counter.inc(answered - counted)
             counted = answered
-        await asyncio.sleep(1.0)
 
 
 def _lifespan(
@@ -128,9 +133,9 @@ def _lifespan(
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
         if ledger is not None:
             ledger.start()
+        background.append(asyncio.create_task(_flush_metrics(metrics, worker)))
         pings = contextlib.ExitStack()
         if worker is not None:
-            background.append(asyncio.create_task(_count_answered(metrics, worker)))
             pings.enter_context(worker.answer_pings())
         try:
             yield
@@ -143,6 +148,7 @@ def _lifespan(
             await auditor.close()
             if ledger is not None:
                 await ledger.close()  # what the drain answered is written before the exit
+            metrics.tally.flush()  # with workers, a later /metrics reads this one's file
             pings.close()
             await side.stop()
             await close_side()

@@ -17,10 +17,11 @@ _REPLICA = b"x-grm-replica"  # set by fingerprint_headers on every answer
 
 class RequestMetrics:
     """`grm_requests` and `grm_request_duration_seconds`, their label children cached (a
-    `labels()` call takes a lock and builds tuples)."""
+    `labels()` call takes a lock and builds tuples), updated through the tally."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self.tally = metrics.tally
         self._counters: dict[tuple[str, int, str], Counter] = {}
         self._latency: dict[str, Histogram] = {}
 
@@ -33,8 +34,8 @@ class RequestMetrics:
         latency = self._latency.get(route)
         if latency is None:
             latency = self._latency[route] = self.metrics.latency.labels(route=route)
-        counter.inc()
-        latency.observe(seconds)
+        self.tally.add(counter)
+        self.tally.observe(latency, seconds)
 
 
 class MetricsMiddleware:

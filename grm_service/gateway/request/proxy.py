@@ -121,7 +121,7 @@ class Gateway:
                 counter = self._tokens.get(kind)
                 if counter is None:
                     counter = self._tokens[kind] = self.metrics.tokens.labels(kind=kind)
-                counter.inc(count)
+                self.metrics.tally.add(counter, count)
 
     def inflight_gauge(self, replica: str) -> Gauge:
         gauge = self._gauges.get(replica)
@@ -230,8 +230,8 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
 
 
 async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[int, bytes]:
-    gauge = gw.inflight_gauge(replica.name)
-    gauge.inc()
+    gauge, tally = gw.inflight_gauge(replica.name), gw.metrics.tally
+    tally.add(gauge, 1)
     try:
         return await gw.client.post(replica.url, path, *raw)
     except TimeoutError as err:
@@ -242,7 +242,7 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[in
         raise _Retryable("connection", replica.name, "connection failed",
                          f"{type(err).__name__} to {replica.url}: {err}") from err
     finally:
-        gauge.dec()
+        tally.add(gauge, -1)
 
 
 async def _attempt(
