@@ -65,7 +65,7 @@ def user_system_seconds(pid: int) -> tuple[float, float]:
     """utime and stime of a process (all its threads) and of its live descendants, in one pass:
     the kernel's share (system calls, the sockets' copies and TCP) apart."""
     user = system = 0.0
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = stat_fields(p)
             user, system = user + int(fields[11]) / _TICKS, system + int(fields[12]) / _TICKS
@@ -77,14 +77,14 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float:
     what each of them has waited for of its exited children (cutime+cstime)."""
     columns = (11, 12, 13, 14) if reaped else (11, 12)
     total = 0.0
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = stat_fields(p)
             total += sum(int(fields[i]) for i in columns) / _TICKS
     return total
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -8,6 +8,9 @@ profile-c<C>), the summary to <out>.summary.txt, a flamegraph (--flamegraph) to 
 
     .venv/bin/python benchmarks/profile_gateway.py [--concurrency 64] [--seconds 15]
 
+`--workers N` runs `serve --workers N` and records its busiest worker (the most CPU in the
+second before); `--fast-stubs` the stubs of `stub_server.py --fast`.
+
 `--native` records C frames too (py-spy --native; the process is paused for each sample, so
 its req/s drops) and keeps the event loop's thread only, its idle waits dropped: then the shares
 show the system calls (`write`, `read`) and the C libraries (uvloop, httptools, msgspec) beside
@@ -22,6 +25,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,7 +47,9 @@ BUCKETS = [
     ("grm_service.ledger", r"grm_service/ledger/"),
     ("grm_service.gateway.edge (routes, middleware, guards)", r"grm_service/gateway/edge/"),
     ("pydantic (validate, model_dump)", r"pydantic"),
-    ("prometheus_client", r"prometheus_client"),
+    ("prometheus_client and the tally", r"prometheus_client|grm_service/tally\.py"),
+    ("grm_service.replicas.shared_gate (with --workers)",
+     r"grm_service/replicas/shared_gate\.py|grm_service/replicas/wakeups\.py"),
     ("json (stdlib)", r"/json/"),
     ("httpcore pool scan (_assign_requests_to_connections)", r"_assign_requests_to_connections"),
     ("anyio threadpool hop (sync dependency)", r"run_in_threadpool|to_thread|run_sync"),
@@ -123,6 +129,14 @@ def summarize(raw: Path, top: int = 25, native: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _busiest(pid: int) -> int:
+    """The descendant of `pid` that used the most CPU in the next second (a busy worker)."""
+    pids = procs.descendants(pid)
+    before = {p: procs.cpu_seconds(p) for p in pids}
+    time.sleep(1.0)
+    return max(pids, key=lambda p: procs.cpu_seconds(p) - before[p])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,18 +149,22 @@ def main() -> None:
     parser.add_argument("--flamegraph", action="store_true", help="also record an SVG (2nd run)")
     parser.add_argument("--native", action="store_true",
                         help="C frames too (system calls, uvloop, httptools); the loop's thread")
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers N")
+    parser.add_argument("--fast-stubs", action="store_true")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{args.out or f'profile-c{args.concurrency}'}.txt"
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i) for i in range(args.replicas)]
-        grm = procs.start_grm(f, [s.url for s in stubs], src=args.src)
+        stubs = [procs.start_stub(f, i, fast=args.fast_stubs) for i in range(args.replicas)]
+        extra = ["--workers", str(args.workers)] if args.workers > 1 else []
+        grm = procs.start_grm(f, [s.url for s in stubs], src=args.src, extra=extra)
         load = loadgen.Load(args.concurrency, args.seconds + 4)
         loadgen.run_split([grm.url], loadgen.Load(args.concurrency, 2))  # warm-up
         result: list[loadgen.Result] = []
         thread = threading.Thread(target=lambda: result.append(loadgen.run_split([grm.url], load)))
         thread.start()
-        _record(grm.pid, args.seconds, raw, args.native)
+        target = _busiest(grm.pid) if args.workers > 1 else grm.pid
+        _record(target, args.seconds, raw, args.native)
         thread.join()
         if args.flamegraph:
             thread = threading.Thread(target=lambda: loadgen.run_split([grm.url], load))
