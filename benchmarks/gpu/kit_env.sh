@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Sourced by the device machine's CPU benchmarks (run_workers.sh, run_ledger_waits.sh): the
 # project's dependencies from KIT/whl installed for the machine's own Python (it has no package
-# index), `.venv/bin/python` a launcher for it, vllm-router and wrk (KIT/bin) on the PATH.
+# index), `.venv/bin/python` a launcher for it, vllm-router and wrk (KIT/bin) on the PATH; and
+# the scripts' two helpers, `bench` (one bench_gateway run kept in $OUT) and `part` (is a part
+# named in $PARTS).
 KIT=${KIT:?the folder with whl/ and bin/}
 # The machine's own Python (it has numpy) with the wheels in a folder of their own; the harness
 # runs `.venv/bin/python`, here a launcher that adds that folder to whatever PYTHONPATH it gets.
@@ -19,3 +21,12 @@ chmod +x .venv/bin/python
 mkdir -p benchmarks/.venv-peers/bin
 ln -sf "$SITE/bin/vllm-router" benchmarks/.venv-peers/bin/vllm-router
 export PATH="$KIT/bin:$PATH" LD_LIBRARY_PATH="$KIT/bin" PYTHONUNBUFFERED=1
+
+bench() {  # NAME TIMEOUT ARGS...: one bench_gateway run, its tables and raw runs kept in $OUT
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" .venv/bin/python benchmarks/bench_gateway.py "$@" --out "$name" 2>&1 \
+        | tail -30 | tee "$OUT/$name.txt"
+    cp "benchmarks/results/$name.json" "benchmarks/results/$name.md" "$OUT/" 2>/dev/null
+}
+part() { [[ " $PARTS " == *" $1 "* ]]; }

@@ -17,15 +17,7 @@ OUT=${OUT:-/tmp/grm-ledger-waits}; mkdir -p "$OUT"
 # shellcheck source=benchmarks/gpu/kit_env.sh
 source benchmarks/gpu/kit_env.sh
 echo "cores: $(nproc), $(lscpu | sed -n 's/^Model name: *//p')" | tee "$OUT/machine.txt"
-bench() {  # NAME TIMEOUT ARGS...: one bench_gateway run, its tables and raw runs kept in $OUT
-    local name=$1 limit=$2
-    shift 2
-    timeout "$limit" .venv/bin/python benchmarks/bench_gateway.py "$@" --out "$name" 2>&1 \
-        | tail -30 | tee "$OUT/$name.txt"
-    cp "benchmarks/results/$name.json" "benchmarks/results/$name.md" "$OUT/" 2>/dev/null
-}
 PARTS=${PARTS:-ledger waits workers idle}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
 part ledger && bench ledger-cost-16c 200 --contenders grm-service grm-service-noledger \
     --variant "before=${BEFORE:?}" --concurrency 64 --rounds 5 --duration 4 \
     --pair-with grm-service-noledger

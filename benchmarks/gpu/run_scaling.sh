@@ -25,14 +25,6 @@ TAG=${TAG:-a}
 # shellcheck source=benchmarks/gpu/kit_env.sh
 source benchmarks/gpu/kit_env.sh
 PARTS=${PARTS:-topology fast app idle}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
-bench() {  # NAME TIMEOUT ARGS...: one bench_gateway run, its tables and raw runs kept in $OUT
-    local name=$1 limit=$2
-    shift 2
-    timeout "$limit" .venv/bin/python benchmarks/bench_gateway.py "$@" --out "$name" 2>&1 \
-        | tail -30 | tee "$OUT/$name.txt"
-    cp "benchmarks/results/$name.json" "benchmarks/results/$name.md" "$OUT/" 2>/dev/null
-}
 part topology && { lscpu; lscpu -e; } >"$OUT/topology-$TAG.txt" 2>&1
 workers=(--contenders direct vllm-router --gateway-workers 1 2 4 8 --replicas 4 --rounds 3
          --duration 4 --pair-with grm-service-w1)
