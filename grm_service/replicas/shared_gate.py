@@ -24,8 +24,18 @@ Why so few lock calls, and one file per replica: every request took six to eight
 file, and the kernel serializes the record locks of a file. Eight busy workers each paid 13x
 what one did for a slot (benchmarks/gpu/RESULTS.md, the shared gate alone), and CPU per request
 grew with the number of workers. Now a request in a process already holding the read lock makes
-four, on its replica's file: the count lock taken and given back to take a slot, and again to
-free it.
+at most four, on its replica's file (the count lock to take a slot, and to free it), and none
+while the bound is far:
+
+- far from the bound (room for 2 x workers x `_LEASE` slots or more), a worker takes `_LEASE`
+  slots at once and keeps the ones no request holds as *spares*, counted in its holders: the
+  bound stays exact, since a spare is a slot held. A request takes a spare without a lock call
+  and gives its slot back as a spare. Spares go back to the shared count when the worker has no
+  request left on the replica, when it holds more than `_LEASE`, and when any worker waits for a
+  slot: seen at each request's end here, and within the follower's look every 50 ms
+  (`GateFile.tend`), so a waiter never waits on a spare for longer than that;
+- near the bound, slots are taken and freed one at a time, each under the count lock, as the
+  wake-ups below describe.
 
 Why record locks: the kernel drops every lock of a process that dies, so a crashed worker cannot
 wedge a replica, and no lock server is needed. A dead worker's counts are zeroed by the manager
@@ -76,12 +86,22 @@ _UNBOUNDED = 1 << 30
 MAX_REPLICAS = 4096
 _HOLD, _INTENT_BYTE, _COUNT_LOCK = 0, 1, 2  # lock bytes of a replica's file
 _COUNT_LOCK_TRIES = 4
+# Slots a worker takes at once while the bound is far (module doc): 8 requests per count-lock
+# section, and at most 8 x workers slots held unused, kept only while there is room for twice
+# that (a waiter near the bound gets them within the follower's 50 ms look).
+_LEASE = 8
 # The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
 # ones waiting for exclusive (the only ones a reader's glance at the intent byte can block) and
 # the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them); and 1
 # where the worker's writer holds the intent byte (readers look here instead of at the byte).
 _HOLDERS, _WAITERS, _WRITERS, _SLOTS, _INTENT = 0, 1, 2, 3, 4
 _TABLES = 5
+
+
+def _lease_room(workers: int) -> int:
+    """The room under the bound from which slots are taken `_LEASE` at a time and kept as
+    spares: enough for every worker's spares twice over."""
+    return 2 * workers * _LEASE
 
 
 def _counts_path(gates: Path) -> Path:
@@ -143,6 +163,12 @@ class Counts:
     def writers_elsewhere(self, replica: int) -> list[int]:
         return self.parked_elsewhere(replica, _WRITERS)
 
+    def slot_waited_for(self, replica: int) -> bool:
+        """Some worker, this one included, has a task waiting for a slot of `replica` (a look
+        without the count lock: a waiter counted a moment ago may be missed, and is then seen
+        at the next request's end or the next `GateFile.tend`)."""
+        return any(self.row(_SLOTS, replica))
+
     def intent(self, replica: int, marked: bool) -> None:
         """This worker's writer holds the replica's intent byte (True) or no longer does."""
         self._slots[self._at(_INTENT, replica, self.worker)] = int(marked)
@@ -192,6 +218,7 @@ class GateFile:
         self.worker = worker
         self.workers = workers
         self._fds: dict[int, int] = {}
+        self._gates: list[SharedGate] = []
         self._counts = Counts(_counts_path(path), worker, workers)
         self._wakeups = Wakeups(path, worker, workers)
 
@@ -203,7 +230,20 @@ class GateFile:
         if fd is None:
             fd = self._fds[index] = os.open(_lock_path(self.path, index),
                                             os.O_RDWR | os.O_CREAT, 0o600)
-        return SharedGate(fd, index, self._counts, self._wakeups)
+        gate = SharedGate(fd, index, self._counts, self._wakeups)
+        self._gates.append(gate)
+        return gate
+
+    def tend(self) -> None:
+        """Spares back to the shared count wherever another worker waits for a slot (called
+        every 50 ms by the replica snapshot's follower, on the event loop's thread)."""
+        for gate in self._gates:
+            gate.tend()
+
+    def held(self, index: int) -> int:
+        """The slots of the replica at `index` counted over every worker, spares included (a
+        look without the count lock: a snapshot, for checks and tests)."""
+        return self._counts.total(index)
 
     def slot_waiters(self, index: int) -> list[int]:
         """Per worker, its tasks waiting for a slot of the replica at `index` (a look at the
@@ -236,6 +276,8 @@ class SharedGate(Gate):
         self._parked = 0  # this process's tasks waiting on this replica
         self._turn = counts.worker + 1  # where the next look for a slot waiter starts
         self._kept = 0  # slots freed here in a row that went to this worker's own waiter
+        self._spare = 0  # slots counted in this worker's holders that no request holds
+        self._capacity = _UNBOUNDED  # the bound the last slot was taken under
         self._locking = asyncio.Lock()  # one task per process waits for the read lock
         self._counting = asyncio.Lock()  # and one for a shared slot
 
@@ -251,8 +293,7 @@ class SharedGate(Gate):
         if not self._take_count(capacity):
             return False
         if not self._local.try_acquire(False, capacity):
-            self._counts.add(self._index, -1)
-            self._changed()
+            self._spare += 1  # still counted; a request in flight here gives it back in time
             return False
         self._readers += 1
         return True
@@ -285,19 +326,38 @@ class SharedGate(Gate):
         if unlocked:
             self._unlock(self._hold)
         if counted and not exclusive:
-            self._lock_counts()
-            try:
-                self._counts.add(self._index, -1)
-                waiter = self._slot_goes_to()
-                writers = self._counts.writers_elsewhere(self._index) if unlocked else []
-            finally:
-                self._unlock(self._count_lock)
-            self._wake_one(waiter)
-            if writers:
-                self._wakeups.wake(writers)
+            self._spare += 1
+            if unlocked or self._spare > _LEASE or not self._keeps_spares():
+                self._give_back(unlocked)
         else:
             self._changed()
         await self._local.release(exclusive)
+
+    def _keeps_spares(self) -> bool:
+        """Far from the bound and no worker waiting for a slot (looks without the lock)."""
+        room = self._capacity - self._counts.total(self._index)
+        return (room >= _lease_room(self._counts.workers)
+                and not self._counts.slot_waited_for(self._index))
+
+    def tend(self) -> None:
+        """This worker's spares back to the shared count if any worker waits for a slot."""
+        if self._spare and self._counts.slot_waited_for(self._index):
+            self._give_back(unlocked=False)
+
+    def _give_back(self, unlocked: bool) -> None:
+        """Every spare back to the shared count, and who may use them woken: a waiter for a
+        slot and, once this process has dropped the read lock (`unlocked`), the writers."""
+        self._lock_counts()
+        try:
+            self._counts.add(self._index, -self._spare)
+            self._spare = 0
+            waiter = self._slot_goes_to()
+            writers = self._counts.writers_elsewhere(self._index) if unlocked else []
+        finally:
+            self._unlock(self._count_lock)
+        self._wake_one(waiter)
+        if writers:
+            self._wakeups.wake(writers)
 
     async def _until(self, attempt: Callable[[], bool], kind: int,
                      capacity: int = _UNBOUNDED) -> None:
@@ -382,15 +442,24 @@ class SharedGate(Gate):
         fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
 
     def _take_count(self, capacity: int) -> bool:
-        """One of the replica's `capacity` shared slots, counted over every worker."""
+        """One of the replica's `capacity` shared slots, counted over every worker: a spare of
+        this worker's, or taken under the count lock (a lease of `_LEASE` while the bound is
+        far, the one slot asked for near it)."""
+        self._capacity = capacity
+        if self._spare:
+            self._spare -= 1
+            return True
         if capacity >= _UNBOUNDED:
             self._counts.add(self._index, 1)
             return True
         self._lock_counts()
         try:
-            if self._counts.total(self._index) >= capacity:
+            room = capacity - self._counts.total(self._index)
+            if room <= 0:
                 return False
-            self._counts.add(self._index, 1)
+            taken = _LEASE if room >= _lease_room(self._counts.workers) else 1
+            self._counts.add(self._index, taken)
+            self._spare = taken - 1
             return True
         finally:
             self._unlock(self._count_lock)

@@ -141,11 +141,12 @@ class Follower:
     it shows settles this process's `identity`."""
 
     def __init__(self, path: Path, gate_for: Callable[[int], Gate],
-                 identity: ServiceIdentity) -> None:
+                 identity: ServiceIdentity, tend: Callable[[], None] | None = None) -> None:
         self.pool = ReplicaPool()
         self.path = path
         self.identity = identity
         self._gate_for = gate_for
+        self._tend = tend  # the gates' look for waiters, at each of this loop's turns
         self._seen = b""
         self.version = 0
         self._task: asyncio.Task[None] | None = None
@@ -160,6 +161,8 @@ class Follower:
         while True:
             try:
                 self.refresh()
+                if self._tend is not None:
+                    self._tend()
             except Exception:
                 log.exception("reading the replica snapshot failed; retrying")
             await asyncio.sleep(INTERVAL_S)

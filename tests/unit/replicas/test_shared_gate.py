@@ -505,3 +505,75 @@ def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
         gates.close()
     assert len(calls) == 400
     assert len(set(calls)) == 1, "one replica's slots lock that replica's file only"
+
+
+def test_far_from_the_bound_a_busy_worker_makes_no_lock_call_per_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for 2 x workers x 8 slots, a worker takes 8 at once and its requests take
+    and free them as spares: no lock call while one of its requests stays in flight."""
+    from grm_service.replicas import shared_gate
+
+    calls: list[int] = []
+    real = shared_gate.fcntl.lockf
+
+    def counted(fd: int, cmd: int, length: int = 0, start: int = 0, whence: int = 0) -> None:
+        calls.append(fd)
+        real(fd, cmd, length, start, whence)
+
+    gates = GateFile(tmp_path / "gates", 0, 2)
+    try:
+        gate = gates.gate(0)
+
+        async def slots() -> None:
+            await gate.acquire(False, 256)  # held throughout: the read lock and a lease stay
+            monkeypatch.setattr(shared_gate.fcntl, "lockf", counted)
+            for _ in range(100):
+                await gate.acquire(False, 256)
+                await gate.release(False)
+            monkeypatch.setattr(shared_gate.fcntl, "lockf", real)
+            await gate.release(False)
+
+        asyncio.run(slots())
+        assert gates.held(0) == 0, "every spare went back once the worker had no request"
+    finally:
+        gates.close()
+    assert calls == []
+
+
+@pytest.mark.parametrize("by", ["a request's end", "the follower's look"])
+def test_spares_go_back_when_another_worker_waits_for_a_slot(tmp_path: Path, by: str) -> None:
+    """Worker 0 holds one request and 7 spares of its lease; worker 1 fills the rest of the
+    bound of 40 and waits: the spares reach it at worker 0's next request's end, or at the
+    follower's look (`GateFile.tend`), and the bound holds throughout."""
+    files = [GateFile(tmp_path / "gates", worker, 2) for worker in range(2)]
+
+    def held() -> int:
+        return files[0].held(0)
+
+    async def fill_then_wait() -> None:
+        first, second = (gates.gate(0) for gates in files)
+        await first.acquire(False, 40)  # a lease of 8: room 40 >= 2 x 2 x 8
+        assert held() == 8
+        for _ in range(32):
+            await second.acquire(False, 40)
+        assert held() == 40
+        waiting = asyncio.create_task(second.acquire(False, 40))
+        await asyncio.sleep(0.1)
+        assert not waiting.done(), "the bound is reached: 8 held by worker 0, 32 by worker 1"
+        if by == "the follower's look":
+            files[0].tend()
+        else:
+            await first.acquire(False, 40)  # a spare, no lock
+            await first.release(False)  # the end of a request sees the waiter
+        await asyncio.wait_for(waiting, 5)
+        assert held() == 34, "worker 0's request and worker 1's 33"
+        for _ in range(33):
+            await second.release(False)
+        await first.release(False)
+        assert held() == 0
+
+    try:
+        asyncio.run(fill_then_wait())
+    finally:
+        for gates in files:
+            gates.close()
