@@ -273,6 +273,11 @@ def main() -> None:
                 contenders.append(_start_gateway_workers(f, n, backends, src, tag))
         for rnd in range(args.rounds):
             order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
+            # Reversed every other round: rotation alone kept each contender right after the
+            # same neighbour (a tree and its `-before` copy), and one such pair of identical
+            # code measured 0.84-0.94 of itself (gpu/RESULTS.md).
+            if rnd % 2:
+                order.reverse()
             for conc in args.concurrency:
                 for c in order:
                     loadgen.run_split(c.urls, loadgen.Load(conc, args.warmup))
