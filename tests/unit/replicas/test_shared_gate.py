@@ -470,12 +470,11 @@ def test_a_freed_slot_stays_with_its_worker_but_every_worker_gets_its_turn(
     assert holds.index(2) == 3, holds
 
 
-def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the read lock already held (a worker with requests in flight), a slot costs the
-    count lock twice (take, free) and nothing else: each lock call is one the kernel orders
-    against every other worker's (benchmarks/gpu/RESULTS.md), and each replica's calls go to
-    that replica's file."""
+def _lock_calls_of_100_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capacity: int) -> tuple[list[int], int]:
+    """The files (fds) of the lock calls made by 100 requests on replica 0 of a busy worker
+    (one request of its held throughout on replica 0, one on replica 1: the read locks stay
+    held), and the slots counted on replica 0 once every request has ended."""
     from grm_service.replicas import shared_gate
 
     calls: list[int] = []
@@ -490,19 +489,29 @@ def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
         first, other = gates.gate(0), gates.gate(1)
 
         async def slots() -> None:
-            await first.acquire(False, 8)  # held throughout: the read lock stays held
-            await other.acquire(False, 8)
+            await first.acquire(False, capacity)
+            await other.acquire(False, capacity)
             monkeypatch.setattr(shared_gate.fcntl, "lockf", counted)
             for _ in range(100):
-                await first.acquire(False, 8)
+                await first.acquire(False, capacity)
                 await first.release(False)
             monkeypatch.setattr(shared_gate.fcntl, "lockf", real)
             await other.release(False)
             await first.release(False)
 
         asyncio.run(slots())
+        return calls, gates.held(0)
     finally:
         gates.close()
+
+
+def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the bound (8, 2 workers), with the read lock already held, a slot costs the count
+    lock twice (take, free) and nothing else: each lock call is one the kernel orders against
+    every other worker's (benchmarks/gpu/RESULTS.md), and each replica's calls go to that
+    replica's file."""
+    calls, _ = _lock_calls_of_100_requests(tmp_path, monkeypatch, 8)
     assert len(calls) == 400
     assert len(set(calls)) == 1, "one replica's slots lock that replica's file only"
 
@@ -510,34 +519,11 @@ def test_a_busy_worker_makes_four_lock_calls_a_request_on_its_replica_file(
 def test_far_from_the_bound_a_busy_worker_makes_no_lock_call_per_request(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for 2 x workers x 8 slots, a worker takes 8 at once and its requests take
-    and free them as spares: no lock call while one of its requests stays in flight."""
-    from grm_service.replicas import shared_gate
-
-    calls: list[int] = []
-    real = shared_gate.fcntl.lockf
-
-    def counted(fd: int, cmd: int, length: int = 0, start: int = 0, whence: int = 0) -> None:
-        calls.append(fd)
-        real(fd, cmd, length, start, whence)
-
-    gates = GateFile(tmp_path / "gates", 0, 2)
-    try:
-        gate = gates.gate(0)
-
-        async def slots() -> None:
-            await gate.acquire(False, 256)  # held throughout: the read lock and a lease stay
-            monkeypatch.setattr(shared_gate.fcntl, "lockf", counted)
-            for _ in range(100):
-                await gate.acquire(False, 256)
-                await gate.release(False)
-            monkeypatch.setattr(shared_gate.fcntl, "lockf", real)
-            await gate.release(False)
-
-        asyncio.run(slots())
-        assert gates.held(0) == 0, "every spare went back once the worker had no request"
-    finally:
-        gates.close()
+    and free them as spares: no lock call while one of its requests stays in flight, and
+    every spare back once none is."""
+    calls, held = _lock_calls_of_100_requests(tmp_path, monkeypatch, 256)
     assert calls == []
+    assert held == 0, "every spare went back once the worker had no request"
 
 
 @pytest.mark.parametrize("by", ["a request's end", "the follower's look"])
