@@ -16,7 +16,6 @@ gateway workers share a machine with the stubs (benchmarks/gpu), the app's per-r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import socket
 import sys
@@ -25,28 +24,10 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from grm_service.testing.stub_openai import build_app
+from grm_service.gateway.request.answer import RESPONSE_JSON
+from grm_service.testing.stub_openai import CLASSIFY_ANSWER, build_app, completion
 
 _FAST_PATHS = (b"/v1/chat/completions", b"/classify")
-_CLASSIFY = {"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]}
-
-
-def _json(content: Any) -> bytes:
-    """Starlette's JSONResponse rendering."""
-    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode()
-
-
-def _chat(raw: bytes) -> bytes:
-    """`stub_openai`'s chat answer (its `_completion` with no pad), rendered as the app does."""
-    body = json.loads(raw)
-    return _json({
-        "id": "chatcmpl-stub", "object": "chat.completion", "created": 0,
-        "model": body.get("model", "stub"),
-        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None, "message": {
-            "role": "assistant", "content": "stub-" + hashlib.sha256(raw).hexdigest()[:16]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    })
 
 
 class FastStubProtocol(HttpToolsProtocol):
@@ -77,7 +58,9 @@ class FastStubProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         raw = b"".join(self._chunks)
-        content = _chat(raw) if self._fast == _FAST_PATHS[0] else _json(_CLASSIFY)
+        chat = self._fast == _FAST_PATHS[0]
+        content = RESPONSE_JSON.encode(completion(json.loads(raw), raw) if chat
+                                       else CLASSIFY_ANSWER).encode()
         keep = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         head = [b"HTTP/1.1 200 OK\r\n"]
         head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]

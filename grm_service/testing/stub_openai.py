@@ -34,7 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
-def _completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any]:
+def completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any]:
+    """The chat answer to the body `raw` (parsed: `body`)."""
     text = "stub-" + hashlib.sha256(raw).hexdigest()[:16] + "=" * pad
     return {
         "id": "chatcmpl-stub", "object": "chat.completion", "created": 0,
@@ -44,6 +45,8 @@ def _completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 
+
+CLASSIFY_ANSWER = {"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]}
 
 GARBAGE = {"html": (b"<html><body>It works!</body></html>", "text/html"),
            "json": (b'{"object": "list", "data": [', "application/json")}
@@ -89,12 +92,12 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
                 held["now"] -= 1
         if fail:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
-        return JSONResponse(_completion(json.loads(raw), raw, pad))
+        return JSONResponse(completion(json.loads(raw), raw, pad))
 
     async def classify(request: Request) -> JSONResponse:
         raw = await request.body()
         keep("/classify", raw)
-        return JSONResponse({"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]})
+        return JSONResponse(CLASSIFY_ANSWER)
 
     async def seen(request: Request) -> JSONResponse:
         if request.method == "DELETE":
