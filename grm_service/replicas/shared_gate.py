@@ -267,9 +267,6 @@ class SharedGate(Gate):
         self._local = Gate()
         self._fd = fd
         self._index = index
-        self._hold = _HOLD
-        self._intent = _INTENT_BYTE
-        self._count_lock = _COUNT_LOCK
         self._counts = counts
         self._wakeups = wakeups
         self._readers = 0  # this process's shared holders that hold the read lock
@@ -324,7 +321,7 @@ class SharedGate(Gate):
             self._readers -= 1
         unlocked = exclusive or not self._readers
         if unlocked:
-            self._unlock(self._hold)
+            self._unlock(_HOLD)
         if counted and not exclusive:
             self._spare += 1
             if unlocked or self._spare > _LEASE or not self._keeps_spares():
@@ -354,7 +351,7 @@ class SharedGate(Gate):
             waiter = self._slot_goes_to()
             writers = self._counts.writers_elsewhere(self._index) if unlocked else []
         finally:
-            self._unlock(self._count_lock)
+            self._unlock(_COUNT_LOCK)
         self._wake_one(waiter)
         if writers:
             self._wakeups.wake(writers)
@@ -371,7 +368,7 @@ class SharedGate(Gate):
         try:
             self._counts.park(self._index, 1, kind)
         finally:
-            self._unlock(self._count_lock)
+            self._unlock(_COUNT_LOCK)
         try:
             while True:
                 woken = self._wakeups.event()
@@ -391,7 +388,7 @@ class SharedGate(Gate):
             if kind == _SLOTS and self._counts.total(self._index) < capacity:
                 waiter = self._next_slot_waiter()
         finally:
-            self._unlock(self._count_lock)
+            self._unlock(_COUNT_LOCK)
         self._wake_one(waiter)
 
     def _slot_goes_to(self) -> int | None:
@@ -423,7 +420,7 @@ class SharedGate(Gate):
         try:
             elsewhere = self._counts.parked_elsewhere(self._index)
         finally:
-            self._unlock(self._count_lock)
+            self._unlock(_COUNT_LOCK)
         self._wake(elsewhere)
 
     def _wake(self, elsewhere: list[int]) -> None:
@@ -437,9 +434,9 @@ class SharedGate(Gate):
         # since a blocked process is put to sleep and woken by the holder's unlock, which costs
         # both more than the tries; then blocking, shorter than polling.
         for _ in range(_COUNT_LOCK_TRIES):
-            if self._lock(self._count_lock, exclusive=True):
+            if self._lock(_COUNT_LOCK, exclusive=True):
                 return
-        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._count_lock, os.SEEK_SET)
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, _COUNT_LOCK, os.SEEK_SET)
 
     def _take_count(self, capacity: int) -> bool:
         """One of the replica's `capacity` shared slots, counted over every worker: a spare of
@@ -462,7 +459,7 @@ class SharedGate(Gate):
             self._spare = taken - 1
             return True
         finally:
-            self._unlock(self._count_lock)
+            self._unlock(_COUNT_LOCK)
 
     def _try_shared(self) -> bool:
         if self._readers:
@@ -470,10 +467,10 @@ class SharedGate(Gate):
                 return False
             self._readers += 1
             return True
-        if not self._lock(self._intent, exclusive=False):
+        if not self._lock(_INTENT_BYTE, exclusive=False):
             return False
         try:
-            held = self._lock(self._hold, exclusive=False)
+            held = self._lock(_HOLD, exclusive=False)
         finally:
             self._unlock_intent_glance()
         if held:
@@ -482,13 +479,13 @@ class SharedGate(Gate):
 
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
-        await self._until(lambda: self._lock(self._intent, exclusive=True), _WRITERS)
+        await self._until(lambda: self._lock(_INTENT_BYTE, exclusive=True), _WRITERS)
         self._counts.intent(self._index, True)
         try:
-            await self._until(lambda: self._lock(self._hold, exclusive=True), _WRITERS)
+            await self._until(lambda: self._lock(_HOLD, exclusive=True), _WRITERS)
         finally:
             self._counts.intent(self._index, False)
-            self._unlock(self._intent)
+            self._unlock(_INTENT_BYTE)
             self._changed()
 
     def _writer_waiting(self) -> bool:
@@ -500,7 +497,7 @@ class SharedGate(Gate):
         waiters). Only writers: waking the tasks that wait for a shared slot too cost every
         parked worker a retry per glance (benchmarks/gpu/RESULTS.md, workers below
         saturation)."""
-        self._unlock(self._intent)
+        self._unlock(_INTENT_BYTE)
         if elsewhere := self._counts.writers_elsewhere(self._index):
             self._wakeups.wake(elsewhere)
 
