@@ -253,10 +253,16 @@ def main() -> None:
     parser.add_argument("--perf", action="store_true",
                         help="profile the checkout's gateway per image with perf (see above)")
     parser.add_argument("--perf-seconds", type=float, default=6.0)
+    parser.add_argument("--check-sizes", action="store_true",
+                        help="only the image check's CPU per call for pages of 2, 4 and 8 MB: "
+                        "how long it holds the event loop (proxy.OFF_LOOP_IMAGE_CHARS)")
     parser.add_argument("--steps-of", default=None, help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
     if args.steps_of:
         print(json.dumps(hot_path_steps(chat_body(images()[args.steps_of]))))
+        return
+    if args.check_sizes:
+        print_check_sizes()
         return
     pictures = images()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
@@ -292,6 +298,17 @@ def main() -> None:
         print(f"\n{name}, the checkout's gateway under perf:\n{profile}")
     print("\ntargets: gateway CPU <= 1 ms per 114 KB request, <= 5 ms per 2 MB request")
     print("rerun: .venv/bin/python benchmarks/bench_images.py " + " ".join(sys.argv[1:]))
+
+
+def print_check_sizes() -> None:
+    limits = Limits(ImageLimits(max_bytes=64 << 20, max_pixels=100_000_000))
+    print("| page | PNG MB | base64 Mi characters | check, ms CPU per call |\n|---|---|---|---|")
+    for width, height in [(1700, 2200), (2400, 3100), (3400, 4400)]:
+        body = chat_body(scan_page(width, height, 0.025))
+        url = body["messages"][0]["content"][0]["image_url"]["url"]  # type: ignore[index]
+        ms = cpu_per_call(lambda b=body: check_body("/v1/chat/completions", b, limits), 10)
+        print(f"| {width} x {height} | {len(url) * 3 / 4e6:.2f} | {len(url) / 2**20:.2f} | "
+              f"{ms * 1e3:.2f} |")
 
 
 def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:

@@ -10,11 +10,15 @@ What it leaves out is the same for every version: syscalls, epoll, the kernel's 
     .venv/bin/python benchmarks/cpu_inprocess.py
     PYTHONPATH=DIR .venv/bin/python benchmarks/cpu_inprocess.py     # DIR/grm_service instead
 
-Instructions per request, deterministic whatever else the machine runs (valgrind, ~1 min):
+Instructions per request, whatever else the machine runs (valgrind, ~1 min), on the event
+loop's thread (`-01`): counting every thread, two runs of one tree differed by up to 5 % (the
+ledger writer's thread and the collector's timing move with the run), the loop's by <= 0.4 %:
 
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out \\
-        .venv/bin/python benchmarks/cpu_inprocess.py --callgrind
-    callgrind_annotate /tmp/cg.out | grep 'PROGRAM TOTALS'     # divided by --requests
+    valgrind --tool=callgrind --separate-threads=yes --instr-atstart=no \\
+        --callgrind-out-file=/tmp/cg.out .venv/bin/python benchmarks/cpu_inprocess.py --callgrind
+    callgrind_annotate /tmp/cg.out-01 | grep 'PROGRAM TOTALS'     # divided by --requests
+
+`--collector`: the cycle collector's passes and their CPU per request during the bursts.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.edge.protocol_check import protocol_for
 from grm_service.gateway.request.upstream import Upstream, _Connection, _Replica
 from grm_service.gateway.service import Service
+
+try:
+    from grm_service.testing.reads import hand_on
+except ImportError:  # an older tree (PYTHONPATH), whose protocol is never a buffered one
+    def hand_on(transport: Any, data: bytes) -> None:
+        transport.protocol.data_received(data)
 
 _CHAT_ANSWER = (
     b'{"id":"chatcmpl-stub","object":"chat.completion","created":0,"model":"rm",'
@@ -122,12 +132,21 @@ def _judge_request(i: int) -> bytes:
     return _http(json.dumps(body).encode(), i)
 
 
+def _scan_request(i: int) -> bytes:
+    """A 1700 x 2200 grey page scan (PNG, ~2 MB; a 2.7 MB body), 16 tokens answered."""
+    png = bench_images.scan_page(1700, 2200, 0.025, seed=i)
+    return _http(json.dumps(bench_images.chat_body(png)).encode(), i)
+
+
 # workload -> (requests, the replica's recorded answer, distinct requests)
 WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = {
     "chat": (_chat_request, lambda: _CHAT_ANSWER, 256),
     "judge": (_judge_request, lambda: _CHAT_ANSWER, 256),
     "ocr": (_ocr_request, lambda: _logprobs_answer(128), 256),
+    "scan": (_scan_request, lambda: _CHAT_ANSWER, 2),
 }
+# What one read from a socket gives the protocol at most (uvloop's read buffer).
+READ_BYTES = 256 << 10
 
 
 def _thread_cpu() -> dict[str, Counts]:
@@ -142,16 +161,23 @@ def _thread_cpu() -> dict[str, Counts]:
 
 
 class _Pipe:
-    """A transport whose writes go to a callback on the next loop turn."""
+    """A transport whose writes go to a callback on the next loop turn, and whose reads go to
+    its protocol as a socket's transport hands them on (`hand_on`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_write: Any) -> None:
         self.loop, self.on_write, self.closing = loop, on_write, False
+        self.protocol: Any = None
 
     def write(self, data: bytes) -> None:
         self.loop.call_soon(self.on_write, data)
 
     def writelines(self, parts: list[bytes]) -> None:
-        self.write(b"".join(parts))
+        # The callback sees the first part only: joining them would copy a large body, which
+        # uvloop's writelines does not do (only the in-memory replica gets these).
+        self.write(parts[0])
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name)
@@ -190,20 +216,23 @@ class _Clients:
     """C closed-loop keep-alive clients sending `total` requests between them."""
 
     def __init__(self, make: Any, loop: asyncio.AbstractEventLoop, conns: int, total: int,
-                 requests: list[bytes]) -> None:
+                 requests: list[list[bytes]]) -> None:
         self.total, self.left, self.done, self.bad = total, total, 0, 0
         self.finished: asyncio.Future[None] = loop.create_future()
         self.requests = requests
-        self.protos = [make() for _ in range(conns)]
-        for i, proto in enumerate(self.protos):
-            proto.connection_made(_Pipe(loop, lambda data, i=i: self._answered(i, data)))
+        self.pipes = [_Pipe(loop, lambda data, i=i: self._answered(i, data))
+                      for i in range(conns)]
+        for pipe in self.pipes:
+            pipe.protocol = make()
+            pipe.protocol.connection_made(pipe)
         for i in range(conns):
             self._send(i)
 
     def _send(self, i: int) -> None:
         if self.left > 0:
             self.left -= 1
-            self.protos[i].data_received(self.requests[(self.left + i) % len(self.requests)])
+            for piece in self.requests[(self.left + i) % len(self.requests)]:
+                hand_on(self.pipes[i], piece)
 
     def _answered(self, i: int, data: bytes) -> None:
         self.bad += not data.startswith(b"HTTP/1.1 200")
@@ -220,6 +249,7 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
     settings = Settings(backend_urls=urls, served_model_name=procs.STUB_MODEL, serialize="off",
                         health_interval_s=3600.0,
                         work_dir=work_dir)
+    _keep_freed_memory(settings)
     service = Service(settings)
     app = create_app(service)
     protocol = protocol_for(service)
@@ -234,7 +264,9 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
     while len(gw.pool.ready()) < len(urls):
         await asyncio.sleep(0.2)
     make_request, answer, distinct = WORKLOADS[args.workload]
-    requests = [make_request(i) for i in range(distinct)]
+    # Cut as the socket's reads would cut them, before the bursts: no copy is measured.
+    requests = [[raw[at:at + READ_BYTES] for at in range(0, len(raw), READ_BYTES)]
+                for raw in map(make_request, range(distinct))]
     upstream = _MemoryUpstream(settings.request_timeout_s)
     upstream.reply = _reply(answer())
     gw.client = upstream
@@ -247,8 +279,7 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
         return clients
 
     await burst(2000)  # warm-up: connections, caches, the stamp
-    gc.collect()
-    gc.freeze()  # as `serve` does after start-up
+    _settle_collector()
     if args.callgrind:
         pid = str(os.getpid())
         subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
@@ -267,10 +298,16 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
     else:
         per: list[float] = []
         threads_before = _thread_cpu()
+        passes = _Passes()
+        if args.collector:
+            gc.callbacks.append(passes.seen)
         for _ in range(args.bursts):
             start = time.process_time()
             clients = await burst(args.requests)
             per.append((time.process_time() - start) / clients.done * 1e6)
+        if args.collector:
+            gc.callbacks.remove(passes.seen)
+            print(passes.report(args.bursts * args.requests))
         per.sort()
         print(f"gateway CPU per request: min {per[0]:.1f} us, median {per[len(per) // 2]:.1f} us"
               f" ({args.workload}, {args.bursts} bursts of {args.requests}, c={args.connections},"
@@ -287,6 +324,50 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
     await lifespan.shutdown()
 
 
+class _Passes:
+    """The cycle collector's passes per generation and their CPU (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.cpu = [0.0, 0.0, 0.0]
+        self._start = 0.0
+
+    def seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+            return
+        generation = info["generation"]
+        self.count[generation] += 1
+        self.cpu[generation] += time.process_time() - self._start
+
+    def report(self, requests: int) -> str:
+        per = " ".join(f"gen{g} {n} passes {t / requests * 1e6:.2f} us"
+                       for g, (n, t) in enumerate(zip(self.count, self.cpu, strict=True)))
+        return (f"cycle collector per request: {sum(self.cpu) / requests * 1e6:.2f} us"
+                f" ({per}; {requests} requests)")
+
+
+def _keep_freed_memory(settings: Settings) -> None:
+    """What `serve` does to malloc before it serves (absent from an older tree: nothing)."""
+    try:
+        from grm_service.gateway.heap import keep_freed_memory
+    except ImportError:
+        return
+    keep_freed_memory(settings.malloc_keep_bytes)
+
+
+def _settle_collector() -> None:
+    """What `serve` does to the cycle collector after start-up; an older tree (PYTHONPATH)
+    without `settle_collector` froze the heap and left the thresholds."""
+    try:
+        from grm_service.gateway.heap import settle_collector
+    except ImportError:
+        gc.collect()
+        gc.freeze()
+        return
+    settle_collector()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,11 +376,14 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=6)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="chat",
                         help="chat: loadgen.lua's bodies; ocr: a distinct 224 x 224 PNG each, "
-                        "128 tokens with logprobs answered; judge: a short grading prompt")
+                        "128 tokens with logprobs answered; judge: a short grading prompt; "
+                        "scan: a 2.7 MB page-scan body")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="one burst under cProfile: the top functions, stats to FILE")
     parser.add_argument("--callgrind", action="store_true",
                         help="one burst with valgrind's instrumentation on (run under callgrind)")
+    parser.add_argument("--collector", action="store_true",
+                        help="also the cycle collector's passes and their CPU per request")
     parser.add_argument("--threads", action="store_true",
                         help="also the CPU per request of each thread (the loop, the ledger's)")
     args = parser.parse_args()

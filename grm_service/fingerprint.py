@@ -28,8 +28,10 @@ _CACHE_FILE = "model-hash.json"
 _HASH_VERSION = 1
 
 
+# `digest().hex()` rather than `hexdigest()`: the same text at half the CPU (blake3's own
+# hexdigest builds its string a character at a time); two of them on every answer.
 def digest(data: bytes, length: int = 32) -> str:
-    return blake3.blake3(data).hexdigest()[:length]
+    return blake3.blake3(data).digest()[:(length + 1) // 2].hex()[:length]
 
 
 def parts_digest(parts: Iterable[bytes | memoryview], length: int = 32) -> str:
@@ -37,7 +39,7 @@ def parts_digest(parts: Iterable[bytes | memoryview], length: int = 32) -> str:
     hasher = blake3.blake3()
     for part in parts:
         hasher.update(part)
-    return hasher.hexdigest()[:length]
+    return hasher.digest()[:(length + 1) // 2].hex()[:length]
 
 
 def json_digest(obj: Any, length: int = 32) -> str:
@@ -183,10 +185,21 @@ class Fingerprint(BaseModel):
 
 def fingerprint_headers(fields: Mapping[str, Any]) -> dict[str, str]:
     """The response headers that carry a fingerprint (`Fingerprint`'s fields, as a mapping)."""
+    return {**stamp_headers(fields), **answer_headers(fields)}
+
+
+def stamp_headers(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The first of `fingerprint_headers`: those the replica's identity and the seed fix."""
     return {
         "x-grm-fingerprint": fields["fingerprint_id"],
         "x-grm-seed": str(fields["seed"]),
         "x-grm-replica": fields["replica"],
+    }
+
+
+def answer_headers(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The rest of `fingerprint_headers`: those of the answer itself."""
+    return {
         "x-grm-request-digest": fields["request_digest"],
         "x-grm-response-digest": fields["response_digest"],
         **({"x-grm-cache": fields["cache"]} if fields.get("cache") else {}),

@@ -48,6 +48,11 @@ class Ledger:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        # Read on every request: plain attributes, not a pydantic model's (proxy.PathSettings).
+        self._cache_score = settings.ledger_cache_score
+        self._cache_chat = settings.ledger_cache_chat
+        self._keep_all = settings.ledger_bodies is LedgerBodies.ALL
+        self._keep_tagged = settings.ledger_bodies is LedgerBodies.TAGGED
         location = settings.ledger_location
         bounds = (settings.ledger_max_bytes, settings.ledger_max_age_s)
         self.writer = Writer(partial(open_store, location), settings.ledger_flush_interval_s,
@@ -80,8 +85,8 @@ class Ledger:
         if pinned:
             return False
         if origin.route == SCORE_ROUTE:
-            return self.settings.ledger_cache_score
-        return origin.route == CHAT_ROUTE and self.settings.ledger_cache_chat
+            return self._cache_score
+        return origin.route == CHAT_ROUTE and self._cache_chat
 
     async def answer(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
                      expected_id: Callable[[], str | None], compute: Compute[A],
@@ -125,8 +130,7 @@ class Ledger:
     def record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
                answer: Answer, how: str = "", indexed: bool = False) -> None:
         """`indexed`: whether the cache may answer this request's repeats (they look it up)."""
-        bodies = self.settings.ledger_bodies
-        keep = bodies is LedgerBodies.ALL or (bodies is LedgerBodies.TAGGED and origin.run)
+        keep = self._keep_all or (self._keep_tagged and origin.run)
         size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
         # The engine's bytes, where there are some, and not the payload: a record waits for
         # its write up to a flush interval, and a payload is thousands of objects for the

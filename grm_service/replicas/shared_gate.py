@@ -32,8 +32,9 @@ while the bound is far:
   bound stays exact, since a spare is a slot held. A request takes a spare without a lock call
   and gives its slot back as a spare. Spares go back to the shared count when the worker has no
   request left on the replica, when it holds more than `_LEASE`, and when any worker waits for a
-  slot: seen at each request's end here, and within the follower's look every 50 ms
-  (`GateFile.tend`), so a waiter never waits on a spare for longer than that;
+  slot: seen at each request's end here, and when the waiter parks, since it wakes every worker
+  that marks a lease in the count map, whose inbox then looks (`GateFile.tend`); the follower's
+  look every 50 ms is the backstop for a mark set just after the waiter read it;
 - near the bound, slots are taken and freed one at a time, each under the count lock, as the
   wake-ups below describe.
 
@@ -92,10 +93,11 @@ _COUNT_LOCK_TRIES = 4
 _LEASE = 8
 # The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
 # ones waiting for exclusive (the only ones a reader's glance at the intent byte can block) and
-# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them); and 1
-# where the worker's writer holds the intent byte (readers look here instead of at the byte).
-_HOLDERS, _WAITERS, _WRITERS, _SLOTS, _INTENT = 0, 1, 2, 3, 4
-_TABLES = 5
+# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them); 1 where
+# the worker's writer holds the intent byte (readers look here instead of at the byte); and 1
+# where the worker may keep spares (a task that parks for a slot wakes those workers).
+_HOLDERS, _WAITERS, _WRITERS, _SLOTS, _INTENT, _LEASED = 0, 1, 2, 3, 4, 5
+_TABLES = 6
 
 
 def _lease_room(workers: int) -> int:
@@ -173,6 +175,10 @@ class Counts:
         """This worker's writer holds the replica's intent byte (True) or no longer does."""
         self._slots[self._at(_INTENT, replica, self.worker)] = int(marked)
 
+    def leased(self, replica: int, marked: bool) -> None:
+        """This worker may keep spares of the replica (True), or has given every one back."""
+        self._slots[self._at(_LEASED, replica, self.worker)] = int(marked)
+
     def writer_intends(self, replica: int) -> bool:
         """A writer anywhere holds the replica's intent byte (its mark, read without a lock: a
         reader that misses a mark just set delays that writer by one request, never lets a
@@ -220,7 +226,7 @@ class GateFile:
         self._fds: dict[int, int] = {}
         self._gates: list[SharedGate] = []
         self._counts = Counts(_counts_path(path), worker, workers)
-        self._wakeups = Wakeups(path, worker, workers)
+        self._wakeups = Wakeups(path, worker, workers, on_wake=self.tend)
 
     def gate(self, index: int) -> SharedGate:
         """The gate of the replica at `index` in the replica list (the same list everywhere)."""
@@ -235,10 +241,17 @@ class GateFile:
         return gate
 
     def tend(self) -> None:
-        """Spares back to the shared count wherever another worker waits for a slot (called
-        every 50 ms by the replica snapshot's follower, on the event loop's thread)."""
+        """Spares back to the shared count wherever another worker waits for a slot: at each
+        wake-up this worker receives, and every 50 ms from the replica snapshot's follower, on
+        the event loop's thread (which also starts the inbox's reading there)."""
+        self.listen()
         for gate in self._gates:
             gate.tend()
+
+    def listen(self) -> None:
+        """Read this worker's wake-ups on the running loop from now on, parked tasks or not: a
+        worker keeping spares is woken by the waiter that needs them."""
+        self._wakeups.listen()
 
     def held(self, index: int) -> int:
         """The slots of the replica at `index` counted over every worker, spares included (a
@@ -274,6 +287,7 @@ class SharedGate(Gate):
         self._turn = counts.worker + 1  # where the next look for a slot waiter starts
         self._kept = 0  # slots freed here in a row that went to this worker's own waiter
         self._spare = 0  # slots counted in this worker's holders that no request holds
+        self._leased = False  # this worker's lease mark in the count map (may keep spares)
         self._capacity = _UNBOUNDED  # the bound the last slot was taken under
         self._locking = asyncio.Lock()  # one task per process waits for the read lock
         self._counting = asyncio.Lock()  # and one for a shared slot
@@ -324,7 +338,12 @@ class SharedGate(Gate):
             self._unlock(_HOLD)
         if counted and not exclusive:
             self._spare += 1
-            if unlocked or self._spare > _LEASE or not self._keeps_spares():
+            giving = unlocked or self._spare > _LEASE or not self._keeps_spares()
+            if not giving and not self._leased:
+                self._mark_lease(True)
+                # A waiter that parked before the mark could not see it: look once more.
+                giving = self._counts.slot_waited_for(self._index)
+            if giving:
                 self._give_back(unlocked)
         else:
             self._changed()
@@ -348,6 +367,8 @@ class SharedGate(Gate):
         try:
             self._counts.add(self._index, -self._spare)
             self._spare = 0
+            if self._leased:
+                self._mark_lease(False)
             waiter = self._slot_goes_to()
             writers = self._counts.writers_elsewhere(self._index) if unlocked else []
         finally:
@@ -367,8 +388,12 @@ class SharedGate(Gate):
         self._lock_counts()
         try:
             self._counts.park(self._index, 1, kind)
+            # Spares kept elsewhere come back at once, not at the follower's next look.
+            leasing = self._counts.parked_elsewhere(self._index, _LEASED) if kind == _SLOTS else []
         finally:
             self._unlock(_COUNT_LOCK)
+        if leasing:
+            self._wakeups.wake(leasing)
         try:
             while True:
                 woken = self._wakeups.event()
@@ -457,9 +482,15 @@ class SharedGate(Gate):
             taken = _LEASE if room >= _lease_room(self._counts.workers) else 1
             self._counts.add(self._index, taken)
             self._spare = taken - 1
+            if taken > 1 and not self._leased:
+                self._mark_lease(True)
             return True
         finally:
             self._unlock(_COUNT_LOCK)
+
+    def _mark_lease(self, marked: bool) -> None:
+        self._leased = marked
+        self._counts.leased(self._index, marked)
 
     def _try_shared(self) -> bool:
         if self._readers:

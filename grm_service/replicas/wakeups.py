@@ -6,9 +6,11 @@ Each worker binds one Unix datagram socket, named in Linux's abstract namespace 
 the run's gate files are named from (no path to remove, no length limit; it goes with the
 process). Whoever frees something a waiter may want sends one byte to each worker that has
 waiters; the receiving loop reads what came and sets its one event, and every parked task
-retries. One event per process, not one per replica: a byte that could not be sent (the
-receiver's queue is full) is then never a lost wake-up, because the bytes already queued wake
-the same tasks.
+retries. A worker also reads its inbox with no task parked: a waiter for a slot wakes the
+workers that may keep spares of it, and a wake-up received runs `on_wake` (the gates' look).
+One event per process, not one per replica: a byte that could not be sent (the receiver's
+queue is full) is then never a lost wake-up, because the bytes already queued wake the same
+tasks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 _WAKE = b"w"
@@ -50,8 +52,10 @@ class Sender:
 class Wakeups(Sender):
     """This worker's end: its socket, and the event its parked tasks wait on."""
 
-    def __init__(self, gates: Path, worker: int, workers: int) -> None:
+    def __init__(self, gates: Path, worker: int, workers: int,
+                 on_wake: Callable[[], None] | None = None) -> None:
         super().__init__(gates, workers)
+        self._on_wake = on_wake  # also run at each wake-up received
         self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._inbox.setblocking(False)
         self._inbox.bind(address(gates, worker))
@@ -61,21 +65,27 @@ class Wakeups(Sender):
     def event(self) -> asyncio.Event:
         """What the next wake-up sets: taken before the attempt that a change would retry, so a
         change after that attempt cannot go unseen."""
+        self.listen()
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def listen(self) -> None:
+        """Read the inbox on the running loop (again, if it is another loop than before)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._inbox)
             loop.add_reader(self._inbox, self._received)
             self._loop, self._event = loop, None
-        if self._event is None:
-            self._event = asyncio.Event()
-        return self._event
 
     def _received(self) -> None:
         with contextlib.suppress(BlockingIOError):
             while self._inbox.recv(64):
                 pass
         self.wake_here()
+        if self._on_wake is not None:
+            self._on_wake()
 
     def wake_here(self) -> None:
         """Wake this process's parked tasks (a change made here, or one received)."""

@@ -24,9 +24,9 @@ def make_send(gw: Gateway, origin: Origin | None = None) -> Send:
 
     async def send(path: str, body: dict[str, Any]) -> Reply:
         if path == CHAT_PATH:
-            prepared = prepare(body, gw.settings)
+            prepared = prepare(body, gw.path_settings)
         else:
-            prepared = pooling_body(body, gw.settings.model_name)
+            prepared = pooling_body(body, gw.path_settings.model_name)
         forwarded = await forward(gw, path, prepared, origin=origin, admitted=True)
         return forwarded.payload, forwarded.fingerprint
 

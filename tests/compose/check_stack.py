@@ -27,7 +27,7 @@ import shlex
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ SAMPLING = {"max_tokens": 12}
 REPLICA_SERVICES = ("replica-cpu-0", "replica-cpu-1")  # r0, r1: GRM_BACKEND_URLS' order
 GATEWAY_SERVICE = "gateway-cpu"
 STOP_GRACE_S = 60.0  # the gateway's stop_grace_period in deploy/docker-compose.yml
+MAX_STOP_COPIES = 8  # copies of the items in one batch of the stop check
+STOP_TRIES = 3  # of sending the stop check's four batches until all are in flight at once
 
 
 def log(message: str) -> None:
@@ -79,9 +81,10 @@ def sample_items(samples: Path) -> list[dict[str, Any]]:
 
 
 def score(stack: Stack, items: list[dict[str, Any]], sampling: dict[str, Any] = SAMPLING,
-          ) -> dict[str, Any]:
-    r = httpx.post(stack.gateway + "/v1/score", timeout=300,
-                   json={"scorer": "ocr", "items": items, "sampling": sampling})
+          client: httpx.Client | None = None) -> dict[str, Any]:
+    request = {"scorer": "ocr", "items": items, "sampling": sampling}
+    url = stack.gateway + "/v1/score"
+    r = client.post(url, json=request) if client else httpx.post(url, json=request, timeout=300)
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     assert all(x["status"] == "ok" for x in body["results"]), body["results"]
@@ -286,45 +289,134 @@ def check_crash_restart(stack: Stack, items: list[dict[str, Any]], before: dict[
         f"before in {took:.0f} s")
 
 
-def wait_admitted(stack: Stack, batches: int) -> int:
+@dataclass
+class Flights:
+    """Score batches sent at once, each with the time its answer came (None: still running)."""
+
+    futures: list[Future[dict[str, Any]]]
+    started: float
+    ended: list[float | None]
+    trace: list[str]
+
+    @classmethod
+    def send(cls, pool: ThreadPoolExecutor, stack: Stack, items: list[dict[str, Any]],
+             sampling: dict[str, Any], count: int) -> Flights:
+        """Each batch on a client made before the clock starts: a client's TLS context alone
+        is ~50 ms of CPU, and with every client made after it, under the replicas' load, the
+        first poll went out 4.5 s after the batches in a run of `.ci/run`."""
+        clients = [httpx.Client(timeout=300) for _ in range(count)]
+        flights = cls([], time.monotonic(), [None] * count, [])
+
+        def one(index: int) -> dict[str, Any]:
+            try:
+                with clients[index] as client:
+                    return score(stack, items, sampling, client)
+            finally:
+                flights.ended[index] = time.monotonic() - flights.started
+
+        flights.futures = [pool.submit(one, index) for index in range(count)]
+        return flights
+
+    def done(self) -> int:
+        return sum(f.done() for f in self.futures)
+
+    def describe(self) -> str:
+        ends = ", ".join("running" if t is None else f"{t:.1f} s" for t in self.ended)
+        return f"/ready polls (sent at + took: begun, done): {'; '.join(self.trace)}; " \
+               f"answers after {ends}"
+
+
+def wait_admitted(stack: Stack, flights: Flights, client: httpx.Client) -> int:
     """The score batches the gateway has begun (/ready): a batch sent is not yet in flight
-    until the gateway has read its head, which a loaded machine can take a while to do."""
-    deadline = time.monotonic() + 30
+    until the gateway has read its head, which a loaded machine can take a while to do.
+    Returns early once a batch has finished: all of them can no longer be in flight. Each
+    poll whose reading changed, or that took over 0.5 s, goes into the flights' trace."""
+    last: tuple[int, int] | None = None
     while True:
-        begun = int(httpx.get(stack.gateway + "/ready", timeout=10).json()["batches_in_flight"])
-        if begun >= batches or time.monotonic() > deadline:
+        sent = time.monotonic()
+        begun = int(client.get(stack.gateway + "/ready").json()["batches_in_flight"])
+        took, done = time.monotonic() - sent, flights.done()
+        if (begun, done) != last or took > 0.5:
+            flights.trace.append(f"{sent - flights.started:.2f}+{took:.2f} s: {begun}, {done}")
+            last = (begun, done)
+        if begun >= len(flights.futures) or done or sent - flights.started > 30:
             return begun
         time.sleep(0.05)
 
 
+def long_batch(stack: Stack, items: list[dict[str, Any]], sampling: dict[str, Any],
+               ) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+    """Copies of the items, as many as make one batch take ~2 s on this machine now, with the
+    batch's answer and time, timed after a warm-up batch and again after each resize: the
+    first batch after a replica's restart is no guide to the next (sized from it once, the
+    four batches were never all begun before one had finished)."""
+    score(stack, items, sampling)
+    copies, took = 1, 0.0
+    for _ in range(4):
+        batch = [{**item, "id": f"{item['id']}-{copy}"} for copy in range(copies)
+                 for item in items]
+        started = time.monotonic()
+        answer = score(stack, batch, sampling)
+        took = time.monotonic() - started
+        wanted = min(MAX_STOP_COPIES, math.ceil(copies * 2.0 / max(took, 0.01)))
+        if took >= 1.5 or wanted <= copies:
+            return batch, answer, took
+        copies = wanted
+    return batch, answer, took
+
+
+def flights_in_stop(pool: ThreadPoolExecutor, stack: Stack, items: list[dict[str, Any]],
+                    sampling: dict[str, Any], reference: list[dict[str, Any]]) -> Flights:
+    """Four batches, all begun by the gateway and none finished. A try where one finished first
+    is drained (its answers still checked) and made again, up to STOP_TRIES times; the failure
+    shows each try's /ready polls and answer times. /ready is polled on one client, connected
+    before the batches are sent."""
+    tries = []
+    with httpx.Client(timeout=10) as poller:
+        poller.get(stack.gateway + "/ready").raise_for_status()
+        for _ in range(STOP_TRIES):
+            flights = Flights.send(pool, stack, items, sampling, 4)
+            admitted = wait_admitted(stack, flights, poller)
+            if admitted == len(flights.futures) and not flights.done():
+                return flights
+            tries.append(drained(flights, admitted, reference))
+            log(f"stop check: the four batches were not all in flight at once; again. "
+                f"{tries[-1]}")
+    raise AssertionError(f"in {STOP_TRIES} tries, the four batches were never all in flight "
+                         f"at once ({len(items)} items each): " + " | ".join(tries))
+
+
+def drained(flights: Flights, admitted: int, reference: list[dict[str, Any]]) -> str:
+    """A try's batches finished and checked; what its polls saw."""
+    answers = [without_replica(f.result()) for f in flights.futures]
+    assert all(a == reference for a in answers), "a batch changed its answers"
+    return (f"{admitted} of {len(flights.futures)} begun, {flights.done()} done: "
+            f"{flights.describe()}")
+
+
 def check_graceful_stop(stack: Stack, items: list[dict[str, Any]]) -> None:
     # Batches long enough to be in flight when the stop begins, and short enough for the four
-    # of them to drain in the gateway's 30 s: copies of the items, as many as make one batch
-    # take ~2 s on this machine now (one batch of the items took 0.3 to over 1 s in CI runs).
+    # of them to drain well within the gateway's grace (one batch of the items took 0.3 to
+    # over 1 s in CI runs).
     sampling = {"max_tokens": 96}
-    started = time.monotonic()
-    score(stack, items, sampling)
-    copies = max(1, min(8, math.ceil(2.0 / max(time.monotonic() - started, 0.01))))
-    items = [{**item, "id": f"{item['id']}-{copy}"} for copy in range(copies) for item in items]
-    reference = without_replica(score(stack, items, sampling))
+    items, first, one_s = long_batch(stack, items, sampling)
+    reference = without_replica(first)
     gateway = stack.container(GATEWAY_SERVICE)
     with ThreadPoolExecutor(4) as pool:
-        flights = [pool.submit(score, stack, items, sampling) for _ in range(4)]
-        admitted = wait_admitted(stack, len(flights))
-        assert not any(f.done() for f in flights), "batches finished before the stop began"
-        assert admitted == len(flights), f"{admitted} of {len(flights)} batches begun"
+        flights = flights_in_stop(pool, stack, items, sampling, reference)
         started = time.monotonic()
         stack.run(*stack.compose, "stop", timeout=STOP_GRACE_S + 60)
         took = time.monotonic() - started
-        answers = [without_replica(f.result()) for f in flights]
+        answers = [without_replica(f.result()) for f in flights.futures]
     assert all(a == reference for a in answers), "a batch in flight changed its answers"
     state = stack.inspect(gateway)["State"]
     assert state["ExitCode"] == 0 and not state["OOMKilled"], state
     assert took < STOP_GRACE_S, took
     codes = {s: stack.inspect(stack.container(s))["State"]["ExitCode"] for s in REPLICA_SERVICES}
-    log(f"compose stop: {len(flights)} batches of {len(items)} items in flight all finished, "
-        f"identical; stop took "
-        f"{took:.1f} s (grace {STOP_GRACE_S:.0f} s); gateway exit 0, replicas exit {codes}")
+    log(f"compose stop: {len(flights.futures)} batches of {len(items)} items ({one_s:.1f} s "
+        f"alone) in flight all finished, identical; stop took {took:.1f} s "
+        f"(grace {STOP_GRACE_S:.0f} s); gateway exit 0, replicas exit {codes}; "
+        f"{flights.describe()}")
 
 
 def main() -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import blake3
 import pytest
 
 from grm_service import fingerprint
@@ -10,6 +11,7 @@ from grm_service.commands.prober import output_of
 from grm_service.config import Settings
 from grm_service.engine_side.identity import ReplicaIdentity, compute_identity
 from grm_service.engines import ReplicaSpec, VllmCpu, VllmGpu
+from grm_service.fingerprint import digest, parts_digest
 from grm_service.replicas import canary
 
 
@@ -161,3 +163,12 @@ def test_the_canary_and_verify_compare_the_served_digest() -> None:
         assert canary._digest(payload) == served
     # Choices in another order are another answer to all three (they were alike to two).
     assert fingerprint.response_digest(swapped) != fingerprint.response_digest(CHAT_ANSWER)
+
+
+@pytest.mark.parametrize("data", [b"", b"a", bytes(range(256)) * 40])
+def test_digests_are_blake3_hex_prefixes_of_every_length(data: bytes) -> None:
+    whole = blake3.blake3(data).hexdigest()
+    for length in range(1, 65):
+        assert digest(data, length) == whole[:length]
+        assert parts_digest([data[:7], memoryview(data)[7:]], length) == whole[:length]
+    assert digest(data) == whole[:32] == parts_digest([data])

@@ -5,7 +5,9 @@ per-request cycle, and the answer leaves in ONE write.
 Why: uvicorn writes a response's head and body in two `send` calls, and an ASGI exchange builds
 message dicts, receive/send coroutines and a cycle object per request; on the gateway's hot path
 that was a large share of the CPU per request (benchmarks/RESULTS.md, issue 14). Here the
-protocol hands the body to `HotPath.serve` and writes the reply it returns.
+protocol hands the body to `HotPath.serve` and writes the reply it returns. The rest of a large
+body (an image) is read by the transport straight into one buffer (`_BodyReader`), not copied
+three times on its way through uvloop, the parser and a join.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
 no `Expect: 100-continue`, no earlier request of the connection still in flight, a request
@@ -22,6 +24,7 @@ start-up and falls back (pyproject bounds uvicorn's version).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import math
 from typing import Any, cast
@@ -43,6 +46,10 @@ _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 # Phases of the request a connection is in; the deadline of each is in limits.py.
 _IDLE, _HEADERS, _BODY, _BUSY, _DRAIN = range(5)
 _RETRY = {"retry-after": "1"}
+# A hot body with at least this much still to come after the read that ended its headers is
+# read by the transport straight into one buffer (`_BodyReader`); a smaller rest goes through
+# the parser, whose copies of it cost less than switching the connection's protocol.
+DIRECT_READ_BYTES = 16 << 10
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -197,7 +204,8 @@ class _Exchange:
         self.scope = scope  # uvicorn's, for a body that goes to FastAPI after all
         self.path = CHAT if scope["path"] == CHAT else CLASSIFY
         self.keep_alive = keep_alive
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | bytearray] = []
+        self.left = head.content_length  # body bytes still to come
         self.response_complete = False
         self.disconnected = False
         self._event: asyncio.Event | None = None
@@ -238,7 +246,7 @@ class _Exchange:
         else:
             proto.transport.close()
 
-    async def _to_fastapi(self, body: bytes) -> None:
+    async def _to_fastapi(self, body: bytes | bytearray) -> None:
         """The request as uvicorn would have run it: its scope, its cycle, the body given."""
         proto = self.proto
         given = asyncio.Event()
@@ -257,6 +265,51 @@ class _Exchange:
             proto.cycle = cycle
         self.response_complete = True
         await cycle.run_asgi(cast(ASGI3Application, self.hot.app))
+
+
+class _BodyReader(asyncio.BufferedProtocol):
+    """The connection's protocol while the rest of a hot body is read into `buffer`; it hands
+    the connection back once the body is whole, and reads nothing past it (each read is given
+    the body's missing bytes only, so a pipelined request stays in the socket)."""
+
+    def __init__(self, owner: HotHttpProtocol, exchange: _Exchange, buffer: bytearray,
+                 filled: int) -> None:
+        self.owner, self.exchange = owner, exchange
+        self.view, self.filled = memoryview(buffer), filled
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view[self.filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.filled == len(self.view):
+            self.owner.body_read(self.exchange)
+
+    def eof_received(self) -> None:
+        self.owner.eof_received()  # uvicorn's: nothing, so the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.owner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.owner.resume_writing()
+
+
+# CPython's own constructor, given no bytes to copy, leaves the new buffer's contents as the
+# allocator gives them: `bytearray(n)` would zero megabytes that the reads overwrite at once.
+_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_new_bytearray.restype = ctypes.py_object
+
+
+def _unfilled(size: int) -> bytearray:
+    """A bytearray of `size` bytes, not zeroed: every byte is written before it is read."""
+    buffer = _new_bytearray(None, size)
+    assert isinstance(buffer, bytearray)
+    return buffer
 
 
 class HotHttpProtocol(EdgeProtocol):
@@ -307,8 +360,37 @@ class HotHttpProtocol(EdgeProtocol):
         exchange = self.cycle
         if isinstance(exchange, _Exchange) and not self._refused:
             exchange.chunks.append(body)
+            exchange.left -= len(body)
+            if exchange.left >= DIRECT_READ_BYTES:
+                self._read_rest(exchange)
             return
         super().on_body(body)
+
+    def _read_rest(self, exchange: _Exchange) -> None:
+        """The rest of a large hot body, read by the transport into the body's own buffer: the
+        parser's path copies every read twice more (uvloop's read buffer into a bytes object,
+        `on_body`'s copy of it) and the exchange joins them (a third). The parser has just
+        handed on the last bytes of this read, so nothing of it is left behind."""
+        transport = self.transport
+        if transport.is_closing():
+            return  # nothing more will be read
+        buffer = _unfilled(exchange.head.content_length)
+        filled = 0
+        for chunk in exchange.chunks:
+            buffer[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        exchange.chunks = [buffer]
+        # Both loops give the reads to the protocol set from the next one on (uvloop
+        # rebinds its read callbacks): `test_protocol.py` checks it on a real socket.
+        transport.set_protocol(_BodyReader(self, exchange, buffer, filled))
+
+    def body_read(self, exchange: _Exchange) -> None:
+        """The body is whole (`_BodyReader`): the connection is this protocol's again, read by
+        a fresh parser (the one before still waits for the body), as uvicorn makes it."""
+        exchange.left = 0
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport.set_protocol(self)
+        self.on_message_complete()
 
     def on_message_complete(self) -> None:
         exchange = self.cycle

@@ -15,16 +15,18 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from grm_service.errors import GrmError, error_body
-from grm_service.fingerprint import fingerprint_headers
-from grm_service.gateway.request.answer import RESPONSE_JSON, Forwarded, render
+from grm_service.fingerprint import answer_headers, fingerprint_headers
+from grm_service.gateway.request.answer import RESPONSE_JSON, Forwarded, encode_headers, render
 
 Headers = list[tuple[bytes, bytes]]
 Reply = tuple[int, Headers, bytes]
 
 
 def reply(status: int, body: bytes, headers: Mapping[str, str] | None = None,
-          content_type: bytes = b"application/json") -> Reply:
-    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+          content_type: bytes = b"application/json", first: Sequence[tuple[bytes, bytes]] = ()
+          ) -> Reply:
+    """`first`: header lines already encoded, sent before `headers`."""
+    raw = [*first, *encode_headers(headers or {})]
     raw += [(b"content-length", str(len(body)).encode()), (b"content-type", content_type)]
     return status, raw, body
 
@@ -34,8 +36,13 @@ def json_reply(status: int, content: Any, headers: Mapping[str, str] | None = No
 
 
 def answer_reply(forwarded: Forwarded) -> Reply:
-    """A forwarded answer, its fingerprint in the body and the headers."""
-    return reply(200, render(forwarded), fingerprint_headers(forwarded.fields))
+    """A forwarded answer, its fingerprint in the body and the headers (the lines its stamp
+    fixes encoded once, with the stamp)."""
+    fields = forwarded.fields
+    if forwarded.stamp_headers:
+        return reply(200, render(forwarded), answer_headers(fields),
+                     first=forwarded.stamp_headers)
+    return reply(200, render(forwarded), fingerprint_headers(fields))
 
 
 def error_reply(err: GrmError) -> Reply:

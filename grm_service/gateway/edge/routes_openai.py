@@ -23,7 +23,7 @@ OriginDep = Annotated[Origin, Depends(origin)]
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep,
                            asker: OriginDep) -> Response:
-    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.settings)
+    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.path_settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin, origin=asker)
     return ReplyResponse(answer_reply(forwarded))
 

@@ -67,6 +67,7 @@ async def classify(
     req: ClassifyRequest, gw: GatewayDep, pin: PinDep, asker: OriginDep
 ) -> Response:
     """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
-    body = pooling_body(req.model_dump(exclude_unset=True, mode="json"), gw.settings.model_name)
+    body = pooling_body(req.model_dump(exclude_unset=True, mode="json"),
+                        gw.path_settings.model_name)
     forwarded = await forward(gw, "/classify", body, pin, origin=asker)
     return ReplyResponse(answer_reply(forwarded))

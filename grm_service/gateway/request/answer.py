@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.engine_side.identity import ReplicaIdentity
-from grm_service.fingerprint import Fingerprint, parts_digest, response_digest
+from grm_service.fingerprint import Fingerprint, parts_digest, response_digest, stamp_headers
 
 # Byte for byte what starlette's JSONResponse renders (`json.dumps` with these options), built
 # once instead of per call. No circular-reference check: what is rendered is parsed JSON and
@@ -43,11 +43,13 @@ _STAMPS = 4096
 class Stamp:
     """The fingerprint fields one replica identity and one seed fix (`fields`), and the same
     as JSON without its closing brace (`json`), for `render` to continue; `system` is the
-    identity's seed-free `system_fingerprint`."""
+    identity's seed-free `system_fingerprint`; `headers` the response header lines they fix
+    (`fingerprint.stamp_headers`), encoded."""
 
     fields: dict[str, Any]
     json: str
     system: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 @dataclass
@@ -72,9 +74,15 @@ class Stamps:
             "device": ident.device, "tensor_parallel_size": ident.tensor_parallel_size,
             "replica": replica,
         }
-        stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1], ident.system_fingerprint())
+        stamp = Stamp(fields, RESPONSE_JSON.encode(fields)[:-1], ident.system_fingerprint(),
+                      tuple(encode_headers(stamp_headers(fields))))
         self._cache[(replica, seed)] = (ident, stamp)
         return stamp
+
+
+def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """Response headers as the lines an answer sends (names lower-case, both latin-1)."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryview],
@@ -92,13 +100,15 @@ def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryvi
 class Forwarded:
     """The replica's answer and its fingerprint as `fields`, OpenAI's `system_fingerprint`
     (`Stamp.system`); `stamp_json` is the fields' fixed part as JSON (`Stamp.json`; empty:
-    render them all)."""
+    render them all), `stamp_headers` their header lines (`Stamp.headers`; empty: encode them
+    all)."""
 
     payload: dict[str, Any]
     fields: dict[str, Any]
     system_fingerprint: str
     stamp_json: str = field(default="", repr=False)
     engine_json: bytes = field(default=b"", repr=False)
+    stamp_headers: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
 
     @functools.cached_property
     def fingerprint(self) -> Fingerprint:

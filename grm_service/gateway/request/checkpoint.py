@@ -202,7 +202,7 @@ def check_shared_size(name: str, value: Any) -> None:
                         "(it is copied into every item's request)")
 
 
-def check_json_shape(raw: bytes, max_depth: int, max_values: int) -> None:
+def check_json_shape(raw: bytes | bytearray, max_depth: int, max_values: int) -> None:
     """Bound nesting and value count of a JSON body on its bytes, before it is parsed, and
     refuse lone surrogates (`surrogates.py`): what every edge checks of every body it reads.
 
@@ -221,7 +221,7 @@ def check_json_shape(raw: bytes, max_depth: int, max_values: int) -> None:
                         "(GRM_MAX_JSON_DEPTH)")
 
 
-def json_shape(raw: bytes) -> tuple[int, int]:
+def json_shape(raw: bytes | bytearray) -> tuple[int, int]:
     """(an upper bound on values and keys, the nesting depth) of a JSON text."""
     outside = _outside_strings(raw)
     # A value after the first in a container follows a comma, a key precedes a colon.
@@ -236,10 +236,10 @@ _SMALL_BODY = 4096
 _FEW_STRINGS = 256
 
 
-def _outside_strings(raw: bytes) -> bytes:
+def _outside_strings(raw: bytes | bytearray) -> bytes:
     """The JSON text without its strings (quotes and insides), so brackets and commas left
     are structure."""
-    pieces: list[bytes] = []
+    pieces: list[bytes | bytearray] = []
     pos = 0
     for _ in range(_FEW_STRINGS):
         start = raw.find(b'"', pos)
@@ -254,7 +254,7 @@ def _outside_strings(raw: bytes) -> bytes:
     return b"".join(pieces) + b"".join(rest.split(b'"')[::2])
 
 
-def _string_end(raw: bytes, pos: int) -> int:
+def _string_end(raw: bytes | bytearray, pos: int) -> int:
     """Index of the quote closing the string whose inside starts at pos (len(raw) if none)."""
     while True:
         end = raw.find(b'"', pos)

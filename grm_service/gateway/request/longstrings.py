@@ -58,7 +58,7 @@ class Lifted:
 
 # ---- parse ----------------------------------------------------------------------------------
 
-def loads(raw: bytes, parse_float: Callable[[str], Any] = float,
+def loads(raw: bytes | bytearray, parse_float: Callable[[str], Any] = float,
           lifted: Lifted | None = None) -> Any:
     """`json.loads(raw)` with `parse_float`, refusing NaN/Infinity literals with a ValueError
     (so does any invalid JSON or UTF-8). The strings lifted out of the parse go to `lifted`."""
@@ -93,7 +93,7 @@ def _lifted(name: str, given: Any) -> Any:
     return next(given)
 
 
-def _gaps(raw: bytes) -> list[tuple[int, int]]:
+def _gaps(raw: bytes | bytearray) -> list[tuple[int, int]]:
     """(start, end) of every run of LONG bytes or more between two consecutive quotes.
 
     Steps by the window's last quote: two steps move past at least LONG bytes, so a body of
@@ -114,7 +114,7 @@ def _gaps(raw: bytes) -> list[tuple[int, int]]:
     return gaps
 
 
-def _plain_value(raw: bytes, start: int, end: int) -> bool:
+def _plain_value(raw: bytes | bytearray, start: int, end: int) -> bool:
     """The run parses to its own bytes (no escape, no control character) and, if it is a
     string at all, a value (not a key): what a NaN in its place can stand for."""
     after = raw[end + 1:end + 65].lstrip(b" \t\r\n")[:1]
@@ -124,10 +124,11 @@ def _plain_value(raw: bytes, start: int, end: int) -> bool:
     return raw.find(b"\\", start, end) == -1 and not has_control(view)
 
 
-def _lift(raw: bytes, spans: list[tuple[int, int]]) -> tuple[bytes, list[str] | None]:
+def _lift(raw: bytes | bytearray, spans: list[tuple[int, int]],
+          ) -> tuple[bytes | bytearray, list[str] | None]:
     """The text with each span and its quotes replaced by NaN, and the spans as strings (None
     when NaN is already in the text: a client's NaN would be taken for a lifted string)."""
-    pieces: list[bytes] = []
+    pieces: list[bytes | bytearray] = []
     strings: list[str] = []
     view = memoryview(raw)
     pos = 0

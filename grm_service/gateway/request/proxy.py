@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -45,9 +45,13 @@ log = logging.getLogger(__name__)
 # The canonical JSON of a body, in pieces (`canonical_parts`): hashed and sent as is.
 Body = list[bytes | memoryview]
 
-# Inline images above this many base64 characters are checked in a worker thread: below it the
-# check costs less than the thread hop.
-OFF_LOOP_IMAGE_CHARS = 1 << 20
+# Inline images above this many base64 characters are checked in a worker thread, so that the
+# event loop is never held for more than ~2 ms (the check takes ~0.22-0.28 ms per Mi characters
+# on the 2-core benchmark machine: `bench_images.py --check-sizes`). Below it the hop costs more
+# CPU than it saves: a 2.7 MB page scan's check cost 0.4-1.4 ms more CPU in a thread than on
+# the loop, in five pairs (the bytes pulled into another core's caches, the wake-ups;
+# `cpu_inprocess.py --workload scan`).
+OFF_LOOP_IMAGE_CHARS = 8 << 20
 
 
 class _Retryable(Exception):
@@ -61,6 +65,28 @@ class _Retryable(Exception):
         super().__init__(f"{replica}: {summary}")
         self.reason = reason
         self.detail = detail or summary
+
+
+@dataclass(frozen=True, slots=True)
+class PathSettings:
+    """The settings every request reads, as plain attributes: each attribute read on a pydantic
+    model goes through its `__getattr__` hook (~0.7 k instructions; a chat request made ~13)."""
+
+    model_name: str
+    seed: int
+    max_tokens_default: int
+    routing: RoutingMode
+    serialize: SerializeMode
+    max_queue: int
+    max_inflight_per_replica: int
+    queue_timeout_s: float
+    max_attempts: int
+    breaker_failures: int
+    breaker_cooldown_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> PathSettings:
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -79,6 +105,7 @@ class Gateway:
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
+    path_settings: PathSettings = field(init=False)
 
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
@@ -87,6 +114,7 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self.limits = checkpoint.Limits.from_settings(self.settings)
+        self.path_settings = PathSettings.of(self.settings)
 
     @property
     def inflight(self) -> int:
@@ -130,7 +158,7 @@ class Gateway:
         return gauge
 
 
-def prepare(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def prepare(body: dict[str, Any], settings: PathSettings) -> dict[str, Any]:
     """The body the replica will see: client values kept, seed/max_tokens/model filled in."""
     if body.get("stream"):
         raise StreamingUnsupported(
@@ -158,20 +186,25 @@ def _truncates_sampling(body: dict[str, Any]) -> bool:
     return top_p is None or top_p < 1 or (top_k is not None and top_k > 0)
 
 
+# Enum members the request path compares with, read once: an attribute read on an Enum class
+# goes through its metaclass's `__getattr__` hook in Python 3.11 (~0.7 k instructions).
+_ON, _AUTO, _LEAST_LOADED = SerializeMode.ON, SerializeMode.AUTO, RoutingMode.LEAST_LOADED
+
+
 # Pooling runs alone on a replica unless the engine profile declares it batch-invariant (an
 # engine version where that was measured) and the replica's pooling canary proved it.
 POOLING_PATHS = frozenset({"/classify", "/pooling"})
 
 
 def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> bool:
-    if mode is SerializeMode.ON:
+    if mode is _ON:
         return True
     return not (caps.pooling_invariant and replica.pooling_batched)
 
 
 def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
-    if mode is not SerializeMode.AUTO:
-        return mode is SerializeMode.ON
+    if mode is not _AUTO:
+        return mode is _ON
     if not caps.batch_invariant:
         return True
     return not caps.sampling_invariant and _truncates_sampling(body)
@@ -184,7 +217,7 @@ def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     up = gw.pool.ready()
     # With every breaker open, trying a tripped replica beats refusing outright.
     ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
-    if gw.settings.routing is RoutingMode.LEAST_LOADED:
+    if gw.path_settings.routing is _LEAST_LOADED:
         names = router.least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
     else:
         names = router.rendezvous_order(key, list(ready))
@@ -202,7 +235,7 @@ def _pinned(gw: Gateway, pin: str) -> list[Replica]:
 
 async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
     """Wait for a slot on the replica, within the queue's size and time bounds."""
-    settings = gw.settings
+    settings = gw.path_settings
     if gw.queued >= settings.max_queue:
         gw.metrics.rejected.labels(reason="queue_full").inc()
         raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
@@ -337,7 +370,7 @@ def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
     if reference is None:
         return None
     seed = body.get("seed")
-    return reference.fingerprint_id(gw.settings.seed if seed is None else seed)
+    return reference.fingerprint_id(gw.path_settings.seed if seed is None else seed)
 
 
 async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
@@ -345,11 +378,11 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     order = route(gw, router.key_of_parts(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
-    caps, mode = gw.identity.capabilities, gw.settings.serialize
+    caps, mode = gw.identity.capabilities, gw.path_settings.serialize
     pooling = path in POOLING_PATHS
     alone = not pooling and must_run_alone(body, caps, mode)
     errors = []
-    for replica in order[: gw.settings.max_attempts]:
+    for replica in order[: gw.path_settings.max_attempts]:
         serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
         try:
             payload, engine_json = await _attempt(gw, replica, path, raw, serialized)
@@ -396,7 +429,7 @@ async def check(gw: Gateway, path: str, body: dict[str, Any],
 
 
 def _record(gw: Gateway, replica: Replica, ok: bool) -> None:
-    settings = gw.settings
+    settings = gw.path_settings
     opened = replica.record(ok, time.monotonic(), settings.breaker_failures,
                             settings.breaker_cooldown_s)
     if opened:
@@ -414,6 +447,6 @@ def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
     assert ident is not None, "admission reads the identity before a replica is routed to"
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
-    stamp = gw.stamps.get(replica.name, ident, gw.settings.seed if seed is None else seed)
+    stamp = gw.stamps.get(replica.name, ident, gw.path_settings.seed if seed is None else seed)
     return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.system,
-                     stamp.json, engine_json)
+                     stamp.json, engine_json, stamp.headers)

@@ -8,6 +8,7 @@ weight is a 64-bit mix of the key and a per-replica salt instead.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,8 +44,12 @@ def _mix64(x: int) -> int:
 
 
 def weight(key: int, replica: str) -> int:
-    salt = zlib.crc32(replica.encode())
-    return _mix64((key << 32) ^ salt)
+    return _mix64((key << 32) ^ _salt(replica))
+
+
+@functools.lru_cache(maxsize=4096)
+def _salt(replica: str) -> int:
+    return zlib.crc32(replica.encode())
 
 
 def rendezvous_order(key: int, replicas: Sequence[str]) -> list[str]:

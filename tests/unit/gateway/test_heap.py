@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from grm_service.gateway.heap import YOUNG_COLLECTION
+
 CHILD = """
 import resource, sys
 from grm_service.gateway.heap import keep_freed_memory
@@ -63,3 +65,27 @@ def test_a_burst_freed_at_the_heaps_top_is_handed_back() -> None:
     out = subprocess.run([sys.executable, "-c", TRIM_CHILD], check=True, capture_output=True,
                          text=True, timeout=60)
     assert int(out.stdout) < 16 << 20  # of 192 MiB freed
+
+
+COLLECTOR_CHILD = """
+import gc, sys
+from grm_service.gateway.heap import YOUNG_COLLECTION, settle_collector
+if sys.argv[1] == "settled":
+    settle_collector()
+    assert gc.get_threshold()[0] == YOUNG_COLLECTION and gc.get_freeze_count() > 0
+before = gc.get_stats()[0]["collections"]
+# What requests in flight hold: containers allocated and still alive.
+held = [{"request": i} for i in range(20_000)]
+print(gc.get_stats()[0]["collections"] - before)
+"""
+
+
+def _young_collections(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", COLLECTOR_CHILD, mode], check=True,
+                         capture_output=True, text=True, timeout=60)
+    return int(out.stdout)
+
+
+def test_the_settled_collector_collects_the_young_generation_less_often() -> None:
+    assert _young_collections("default") >= 20  # every ~700 containers held
+    assert _young_collections("settled") <= 20_000 // YOUNG_COLLECTION

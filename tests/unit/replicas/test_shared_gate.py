@@ -526,11 +526,12 @@ def test_far_from_the_bound_a_busy_worker_makes_no_lock_call_per_request(
     assert held == 0, "every spare went back once the worker had no request"
 
 
-@pytest.mark.parametrize("by", ["a request's end", "the follower's look"])
+@pytest.mark.parametrize("by", ["a request's end", "the follower's look", "the waiter's wake-up"])
 def test_spares_go_back_when_another_worker_waits_for_a_slot(tmp_path: Path, by: str) -> None:
     """Worker 0 holds one request and 7 spares of its lease; worker 1 fills the rest of the
-    bound of 40 and waits: the spares reach it at worker 0's next request's end, or at the
-    follower's look (`GateFile.tend`), and the bound holds throughout."""
+    bound of 40 and waits: the spares reach it at worker 0's next request's end, at the
+    follower's look (`GateFile.tend`), or at once, when worker 0 (reading its inbox) is woken
+    by the waiter as it parks; and the bound holds throughout."""
     files = [GateFile(tmp_path / "gates", worker, 2) for worker in range(2)]
 
     def held() -> int:
@@ -543,14 +544,19 @@ def test_spares_go_back_when_another_worker_waits_for_a_slot(tmp_path: Path, by:
         for _ in range(32):
             await second.acquire(False, 40)
         assert held() == 40
+        if by == "the waiter's wake-up":
+            files[0].listen()  # as the follower's first look does in a worker
         waiting = asyncio.create_task(second.acquire(False, 40))
-        await asyncio.sleep(0.1)
-        assert not waiting.done(), "the bound is reached: 8 held by worker 0, 32 by worker 1"
         if by == "the follower's look":
+            await asyncio.sleep(0.1)
+            assert not waiting.done(), "the bound is reached: 8 held by worker 0, 32 by worker 1"
             files[0].tend()
-        else:
+        elif by == "a request's end":
+            await asyncio.sleep(0.1)
+            assert not waiting.done(), "the bound is reached: 8 held by worker 0, 32 by worker 1"
             await first.acquire(False, 40)  # a spare, no lock
             await first.release(False)  # the end of a request sees the waiter
+        # else nobody but the waiter acts (no follower runs here)
         await asyncio.wait_for(waiting, 5)
         assert held() == 34, "worker 0's request and worker 1's 33"
         for _ in range(33):

@@ -94,6 +94,19 @@ def test_non_finite_or_undecodable_bodies_go_to_fastapi(raw: bytes) -> None:
         CHAT_RULES.fast(load_json(raw))
 
 
+@pytest.mark.parametrize("raw", [
+    json.dumps(b).encode() for b in BODIES if isinstance(b, dict)] + [
+    b'{"a":1,"b":2,"a":[3, -0.0, 1E+2, 2.5e-324, 1.7976931348623157e308]}',
+    b'{"n": 123456789012345678901234567890, "s": "\\u00e9\\n\\"", "e": {}, "l": []}',
+    '{"t": "h\u00e9llo \u2028 \U0001f600"}'.encode(),
+    b'{"lone": "\\ud800"}', b'{"pair": "\\ud83d\\ude00"}',
+])
+def test_short_bodies_parse_to_the_stdlib_parsers_values(raw: bytes) -> None:
+    """Whichever parser takes a short body, its values are the stdlib's: types, key order (the
+    last of repeated keys), float bits and the lone surrogate escape json.loads keeps."""
+    assert repr(load_json(raw)) == repr(json.loads(raw))
+
+
 IMAGE = "data:image/png;base64," + "iVBORw0KGgo/+" * (2 * longstrings.LONG // 13)
 IMAGE_BODIES: list[Any] = [
     {"messages": [{"role": "user", "content": [

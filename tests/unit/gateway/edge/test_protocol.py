@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
+import uvloop
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -29,6 +30,7 @@ from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.service import Service
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
+from grm_service.testing.reads import hand_on
 
 LIMIT = 65600  # the smallest body limit the settings allow, and a little
 DEFAULTS = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
@@ -45,6 +47,10 @@ class Wire:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.protocol: asyncio.BaseProtocol | None = None
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
@@ -127,13 +133,14 @@ class Connection:
         # uvicorn derives this from the access logger's handlers (pytest's capture adds some):
         # set as `serve` runs it, without an access log.
         self.proto.access_log = access_log
+        self.wire.protocol = self.proto
         self.proto.connection_made(self.wire)  # type: ignore[arg-type]
 
     async def send(self, *parts: bytes) -> bytes:
         """Feed the parts, wait for every task they started, return what was written."""
         before = len(self.wire.writes)
         for part in parts:
-            self.proto.data_received(part)
+            hand_on(self.wire, part)
         await self.settled()
         return b"".join(self.wire.writes[before:])
 
@@ -273,6 +280,28 @@ async def test_pipelined_requests_are_answered_in_order(conn: Connection) -> Non
     assert conn.state.total_requests == 2
 
 
+async def test_a_body_over_many_reads_then_the_next_request_in_its_last_read(
+    conn: Connection,
+) -> None:
+    """Past the read that ends the headers, the transport reads a large hot body into one
+    buffer, and no further; what follows it in the same read is the next request, read by the
+    protocol's fresh parser."""
+    body = b'{"messages": ["' + b"x" * 40_000 + b'"]}'
+    first, second = post(CHAT, body), post(CLASSIFY, b'{"n": 2}')
+    cut = len(first) - 1000
+    reads = [first[:200], first[200:20_000], first[20_000:cut], first[cut:] + second[:25],
+             second[25:]]
+    written = await conn.send(*reads)
+    assert conn.hot.served == [(CHAT, body), (CLASSIFY, b'{"n": 2}')]
+    assert isinstance(conn.hot.served[0][1], bytearray)  # the buffer the transport read into
+    assert conn.wire.protocol is conn.proto  # given back
+    assert written.count(b"HTTP/1.1 200 OK\r\n") == 2 and not conn.wire.closed
+    assert conn.state.total_requests == 2
+    again = await conn.send(post(CHAT, body), post(CHAT, b"{}"))
+    assert conn.hot.served[-2:] == [(CHAT, body), (CHAT, b"{}")]
+    assert again.count(b"HTTP/1.1 200 OK\r\n") == 2 and conn.state.total_requests == 4
+
+
 async def test_a_client_gone_before_the_answer_gets_nothing_written(conn: Connection) -> None:
     conn.hot.hold = asyncio.Event()
     conn.proto.data_received(post(CHAT, b"{}"))
@@ -361,10 +390,15 @@ def limited(**over: Any) -> Canned:
     return Canned(Echo(), settings)
 
 
-async def test_half_a_header_is_answered_408_and_closed() -> None:
-    hot = limited(header_timeout_s=0.2)
+@pytest.mark.parametrize(("over", "sent"), [
+    ({"header_timeout_s": 0.2}, b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncont"),
+    ({"body_timeout_s": 0.2}, post(CHAT, b"x" * 50_000)[:30_000]),
+], ids=["half a header", "a large body, read midway"])
+async def test_a_request_too_slow_is_answered_408_and_closed(over: dict[str, float],
+                                                              sent: bytes) -> None:
+    hot = limited(**over)
     connection = Connection(hot, hot.app)
-    connection.proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncont")
+    await connection.send(sent)
     for _ in range(100):
         if connection.wire.closed:
             break
@@ -392,6 +426,93 @@ async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> Non
     finally:
         first.close()
         second.close()
+
+
+async def test_a_client_gone_midway_through_a_large_body_frees_its_bytes() -> None:
+    """The connection lost while the transport reads a body into its buffer: the loss reaches
+    the protocol (the reader hands it on), no request runs, the body's bytes are given back."""
+    hot = limited()
+    connection = Connection(hot, hot.app)
+    request = post(CHAT, b"x" * 50_000)
+    await connection.send(request[:1000], request[1000:30_000])
+    assert isinstance(connection.wire.protocol, asyncio.BufferedProtocol)
+    assert hot.service.limits.in_flight == 50_000
+    connection.wire.protocol.connection_lost(None)
+    await connection.settled()
+    assert hot.served == [] and hot.service.limits.in_flight == 0
+
+
+class _Split(asyncio.Protocol):
+    """Reads 10 head bytes, hands the connection to a buffered reader for `size` bytes, then
+    takes it back and keeps what follows."""
+
+    def __init__(self, size: int, done: asyncio.Future[tuple[bytes, bytes]]) -> None:
+        self.size, self.done, self.after = size, done, b""
+        self.reader: _Reader | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.reader is None:
+            self.reader = _Reader(self, bytearray(self.size))
+            self.transport.set_protocol(self.reader)
+            assert data == b"h" * 10, "the head arrives alone: the sender waits between parts"
+            return
+        self.after += data
+        if self.after.endswith(b"END"):
+            self.done.set_result((bytes(self.reader.buffer), self.after))
+            self.transport.close()
+
+
+class _Reader(asyncio.BufferedProtocol):
+    def __init__(self, owner: _Split, buffer: bytearray) -> None:
+        self.owner, self.buffer, self.filled = owner, buffer, 0
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self.buffer)[self.filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.filled == len(self.buffer):
+            self.owner.transport.set_protocol(self.owner)
+
+
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop],
+                         ids=["asyncio", "uvloop"])
+def test_a_connection_switched_to_a_buffered_reader_and_back_on_a_real_socket(
+    new_loop: Any,
+) -> None:
+    """What `_BodyReader` relies on: each loop gives a protocol set mid-connection the next
+    reads, a buffered one no further than the buffer it gave, and the bytes after it to the
+    protocol set back."""
+    size = 3 << 20
+    body = bytes(range(256)) * (size // 256)
+
+    async def run() -> tuple[bytes, bytes]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[bytes, bytes]] = loop.create_future()
+        server = await loop.create_server(lambda: _Split(size, done), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"h" * 10)
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(body + b"next request END")
+        try:
+            return await asyncio.wait_for(done, 30)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+            server.close()
+            await server.wait_closed()
+
+    loop = new_loop()
+    try:
+        read, after = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert read == body and after == b"next request END"
 
 
 async def one_request(hot: Canned, raw: bytes) -> tuple[bytes, Connection]:

@@ -14,7 +14,15 @@ from starlette.responses import JSONResponse
 
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.fingerprint import Fingerprint, digest, fingerprint_headers, response_digest
-from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields, render, wrap
+from grm_service.gateway.edge.replies import answer_reply
+from grm_service.gateway.request.answer import (
+    Forwarded,
+    Stamps,
+    encode_headers,
+    fingerprint_fields,
+    render,
+    wrap,
+)
 
 RAW = b'{"messages":[{"content":"hi","role":"user"}],"model":"rm","seed":7}'
 
@@ -79,6 +87,13 @@ def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], a
     assert bytes(JSONResponse(wrap(answer)).body) == render(answer)
     assert answer.fingerprint == model
     assert fingerprint_headers(fields) == model.headers()
+    # the header lines: the stamp's encoded once, then the answer's, as when all are encoded
+    stamped = Forwarded(payload, fields, stamp.system, stamp.json, stamp_headers=stamp.headers)
+    assert answer_reply(stamped) == answer_reply(answer)
+    assert answer_reply(stamped)[1][:5] == encode_headers(model.headers())
+    marked = {**fields, "cache": "hit"}
+    assert (answer_reply(Forwarded(payload, marked, stamp.system, stamp_headers=stamp.headers))
+            == answer_reply(Forwarded(payload, marked, stamp.system)))
 
 
 def test_stamps_follow_the_replicas_identity_object() -> None:

@@ -8,35 +8,36 @@ from grm_service.config import SerializeMode, Settings
 from grm_service.engines import Capabilities
 from grm_service.errors import StreamingUnsupported, UnknownModel
 from grm_service.gateway.request import proxy
-from grm_service.gateway.request.proxy import must_run_alone, prepare
+from grm_service.gateway.request.proxy import PathSettings, must_run_alone, prepare
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 SETTINGS = Settings(model="/models/m", served_model_name="rm", seed=7, max_tokens_default=99)
+PATH = PathSettings.of(SETTINGS)
 
 
 MSGS = [{"role": "user", "content": "hi"}]
 
 
 def test_prepare_injects_seed_max_tokens_and_model() -> None:
-    body = prepare({"messages": MSGS}, SETTINGS)
+    body = prepare({"messages": MSGS}, PATH)
     assert body == {"messages": MSGS, "seed": 7, "max_tokens": 99, "model": "rm"}
 
 
 def test_prepare_keeps_client_values() -> None:
     given = {"messages": MSGS, "seed": 0, "max_tokens": 5, "model": "rm", "top_p": 0.8}
-    assert prepare(given, SETTINGS) == given
-    assert "max_tokens" not in prepare({"messages": MSGS, "max_completion_tokens": 3}, SETTINGS)
+    assert prepare(given, PATH) == given
+    assert "max_tokens" not in prepare({"messages": MSGS, "max_completion_tokens": 3}, PATH)
 
 
 def test_prepare_refuses_streaming_and_unknown_models() -> None:
     with pytest.raises(StreamingUnsupported, match="stream=false"):
-        prepare({"messages": MSGS, "stream": True}, SETTINGS)
+        prepare({"messages": MSGS, "stream": True}, PATH)
     with pytest.raises(UnknownModel, match="'rm'"):
-        prepare({"messages": MSGS, "model": "other"}, SETTINGS)
-    assert "stream" not in prepare({"messages": MSGS, "stream": False}, SETTINGS)
+        prepare({"messages": MSGS, "model": "other"}, PATH)
+    assert "stream" not in prepare({"messages": MSGS, "stream": False}, PATH)
 
 
 BI = Capabilities(batch_invariant=True, sampling_invariant=True, note="")
