@@ -95,6 +95,8 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
+    # Listening before the port is told, as stub_openai.py says why.
+    sock.listen(2048)
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
     http: Any = type("Fast", (FastStubProtocol,), {"delay": args.delay}) if args.fast else "auto"

@@ -159,6 +159,9 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
+    # Listening before the port is told: a client that connects while uvicorn is still starting
+    # waits in the backlog instead of being refused (uvicorn's own listen() sets the same backlog).
+    sock.listen(2048)
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
     stub = (garbage_app(args.garbage) if args.garbage

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -241,3 +243,19 @@ def test_chunked_body_is_served_too(gateway: Proc) -> None:
                    headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
     assert r.headers["x-grm-request-digest"] == chat(gateway).headers["x-grm-request-digest"]
+
+
+def test_the_stub_listens_before_it_tells_its_port(tmp: Path) -> None:
+    # Frozen right after it printed its port (uvicorn not yet started): a client connecting then
+    # waits in the backlog and is answered once the stub runs, rather than being refused.
+    stub = start_stub(tmp)
+    try:
+        os.killpg(stub.popen.pid, signal.SIGSTOP)
+        host, port = stub.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            os.killpg(stub.popen.pid, signal.SIGCONT)
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: stub\r\nconnection: close\r\n\r\n")
+            assert sock.makefile("rb").readline().startswith(b"HTTP/1.1 200")
+    finally:
+        os.killpg(stub.popen.pid, signal.SIGCONT)
+        stub.stop()
