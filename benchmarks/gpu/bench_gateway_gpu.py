@@ -374,11 +374,12 @@ async def measure_cls(args: argparse.Namespace, session: aiohttp.ClientSession,
                                  args.cls_rounds)
 
 
-def report(result: dict[str, Any]) -> str:
+def report(result: dict[str, Any], judge_n: int) -> str:
     out = []
     if "ocr" in result:
         out += [table("OCR, 256 concurrent x 128 tokens", result["ocr"], "direct"),
-                table("judge, 1,024 x 4 tokens, 256 in flight", result["judge"], "direct"),
+                table(f"judge, {judge_n:,} x 4 tokens, 256 in flight", result["judge"],
+                      "direct"),
                 "\nper-token latency, one request at a time (ms/token)",
                 "| path | median | p90 |", "|---|---|---|"]
         for name, xs in result["token_ms"].items():
@@ -455,7 +456,7 @@ def main() -> None:
             if p.name.startswith("gw-"):
                 result[f"ready_{p.name}"] = get_json(p.url + "/ready")[1]
         args.out.write_text(json.dumps(result, indent=1))
-        print(report(result), flush=True)
+        print(report(result, args.judge), flush=True)
 
 
 if __name__ == "__main__":
