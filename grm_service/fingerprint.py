@@ -151,11 +151,12 @@ def produced(payload: Mapping[str, Any]) -> Any:
     ]
 
 
-def response_digest(payload: Mapping[str, Any]) -> str:
+def response_digest(payload: Mapping[str, Any], decoded: bool = False) -> str:
     """THE output digest, over what the model produced (`produced`: each choice's index,
     content or a completion's `text`, logprobs; or a pooling answer's `data`). The served
-    fingerprint, the canaries and `verify` all compare this one."""
-    return digest(canonical_value(produced(payload)))
+    fingerprint, the canaries and `verify` all compare this one. `decoded`: msgspec's JSON
+    decoder built `payload` (`canonical.canonical_value`)."""
+    return digest(canonical_value(produced(payload), decoded))
 
 
 class Fingerprint(BaseModel):

@@ -4,7 +4,8 @@ generated JSON values (their strings made of quotes, backslashes and the numbers
 too), on strings made to look like those numbers, and on floats of every range (random bit
 patterns, each power of ten and of two and their neighbours, float32 values as logprobs are).
 Both ways are held to the reference: the msgspec form where it answers, and the C encoder
-where it declines.
+where it declines; and the msgspec form's two proofs, the read-back and, for values msgspec's
+decoder built (`decoded`), the quotes' parity.
 """
 
 from __future__ import annotations
@@ -15,15 +16,30 @@ import random
 import struct
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grm_service import canonical
 from grm_service.canonical import _msgspec_form, canonical_json, canonical_value
 
 
 def reference(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decoded_gives_reference(value: Any) -> None:
+    """The value as msgspec's decoder builds it from JSON (where it takes the JSON), given as
+    `decoded`: the reference's bytes by both ways."""
+    want = reference(value)
+    try:
+        parsed = msgspec.json.decode(want)
+    except msgspec.DecodeError:  # infinities: msgspec refuses them, no decoded value exists
+        return
+    assert canonical_value(parsed, decoded=True) == want
+    fast = _msgspec_form(parsed, decoded=True)
+    assert fast is None or fast == want
 
 
 def floats_of_every_range() -> list[float]:
@@ -73,6 +89,13 @@ def test_an_answer_with_logprobs_takes_the_msgspec_form() -> None:
         value[0]["content"] = "".join(e["token"] for e in value[0]["logprobs"]["content"])
         assert _msgspec_form(value) == reference(value)
         assert canonical_value(value) == reference(value)
+        assert _msgspec_form(value, decoded=True) == reference(value)
+
+
+def test_a_decoded_answer_with_text_like_numbers_gives_the_reference_bytes() -> None:
+    rng = random.Random(6)
+    for _ in range(50):  # tokens with quotes, "e-7" and newlines: the parity or the read-back
+        decoded_gives_reference(logprobs_answer(rng, 128))
 
 
 @pytest.mark.parametrize("text", [
@@ -85,6 +108,7 @@ def test_a_string_that_looks_like_a_rewritten_number_is_kept(text: str) -> None:
         assert canonical_value(value) == reference(value)
         fast = _msgspec_form(value)
         assert fast is None or fast == reference(value)
+        decoded_gives_reference(value)
 
 
 @pytest.mark.parametrize("value", [
@@ -129,3 +153,19 @@ def test_generated_json_values_give_the_reference_bytes(value: Any) -> None:
     assert canonical_value(value) == reference(value)
     fast = _msgspec_form(value)
     assert fast is None or fast == reference(value)
+    decoded_gives_reference(value)
+
+
+def test_a_decoded_value_is_proven_by_the_quotes_without_a_read_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    value = msgspec.json.decode(reference(
+        [{"content": "total 12.50", "logprobs": [-1.2e-05, -3e-07, -0.5, 1e16], "n": 2**70}]))
+    monkeypatch.setattr(canonical, "_READ", None)  # a read-back would raise
+    assert _msgspec_form(value, decoded=True) == reference(value)
+    with pytest.raises(AttributeError):  # the proof is only taken for decoded values
+        _msgspec_form(value)
+    inside = msgspec.json.decode(reference(["\u001e7", "x:1e-7 0.00001", 1e-7, 1.5e-5]))
+    assert _msgspec_form(inside, decoded=True) == reference(inside)  # text kept, no read-back
+    quoted = msgspec.json.decode(reference(['say "1e-7"', 1e-7]))
+    with pytest.raises(AttributeError):  # an escaped quote: the read-back decides
+        _msgspec_form(quoted, decoded=True)

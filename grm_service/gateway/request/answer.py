@@ -86,13 +86,13 @@ def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryview],
-                       payload: dict[str, Any]) -> dict[str, Any]:
+                       payload: dict[str, Any], decoded: bool = False) -> dict[str, Any]:
     """`Fingerprint`'s fields, in its order, for the request `raw` (its canonical JSON, in
-    pieces) answered by `payload`."""
+    pieces) answered by `payload` (`decoded`: by msgspec's JSON decoder)."""
     fields = dict(stamp.fields)
     fields["serialized"] = alone
     fields["request_digest"] = parts_digest(raw)
-    fields["response_digest"] = response_digest(payload)
+    fields["response_digest"] = response_digest(payload, decoded)
     return fields
 
 

@@ -448,5 +448,6 @@ def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
     # The checkpoint let through only an integer seed or none; none means the service seed.
     seed = body.get("seed")
     stamp = gw.stamps.get(replica.name, ident, gw.path_settings.seed if seed is None else seed)
-    return Forwarded(payload, fingerprint_fields(stamp, alone, raw, payload), stamp.system,
-                     stamp.json, engine_json, stamp.headers)
+    # Strict bytes (`engine_json`) are the ones msgspec's decoder parsed (`_decode`).
+    fields = fingerprint_fields(stamp, alone, raw, payload, decoded=bool(engine_json))
+    return Forwarded(payload, fields, stamp.system, stamp.json, engine_json, stamp.headers)
