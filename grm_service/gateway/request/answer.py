@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,8 @@ from grm_service.fingerprint import Fingerprint, parts_digest, response_digest, 
 # strings, which cannot contain a cycle (the check costs a lookup per container).
 RESPONSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None,
                                  separators=(",", ":"), check_circular=False)
+# What `RESPONSE_JSON.encode` returns for a str, without its Python wrapper (~0.4 us a call).
+_ENCODE_STR: Callable[[str], str] = json.encoder.encode_basestring
 # Seeds are the client's to choose: the stamp cache starts over past this many pairs.
 _STAMPS = 4096
 
@@ -133,11 +135,11 @@ def render(forwarded: Forwarded) -> bytes:
     if not forwarded.stamp_json or "grm_fingerprint" in forwarded.payload:
         # An engine answer with a key of that name keeps it where it is: render the dict.
         return RESPONSE_JSON.encode(wrap(forwarded)).encode()
-    encode = RESPONSE_JSON.encode
+    # The digests are hex (`fingerprint.digest`): their JSON is the text in quotes.
     grm = (f',"grm_fingerprint":{forwarded.stamp_json}'
            f',"serialized":{"true" if fields["serialized"] else "false"}'
-           f',"request_digest":{encode(fields["request_digest"])}'
-           f',"response_digest":{encode(fields["response_digest"])}}}}}')
+           f',"request_digest":"{fields["request_digest"]}"'
+           f',"response_digest":"{fields["response_digest"]}"}}}}')
     if forwarded.engine_json:
         spliced = _spliced(forwarded.engine_json, forwarded.payload,
                            forwarded.system_fingerprint, grm)
@@ -160,7 +162,7 @@ def _spliced(engine: bytes, payload: dict[str, Any], system: str, grm: str) -> b
     it is the engine's, unchanged."""
     if engine[-1:] != b"}" or not payload:
         return None
-    ours = f'"system_fingerprint":{RESPONSE_JSON.encode(system)}'
+    ours = f'"system_fingerprint":{_ENCODE_STR(system)}'
     if "system_fingerprint" not in payload:  # appended after the engine's last member
         return engine[:-1] + f",{ours}{grm}".encode()
     keys = list(payload)
