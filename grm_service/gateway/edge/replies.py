@@ -103,7 +103,7 @@ def wire(answer: Reply, default_lines: bytes, keep_alive: bool) -> bytes:
     """The answer as HTTP/1.1 bytes: status line, the server's default lines (date, server),
     the headers, `connection: close` unless kept alive, the body."""
     status, headers, body = answer
-    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+    lines = header_lines(headers)
     # One CR and one LF per line are the ones added here; any other is inside a name or a
     # value, and would split the response.
     if lines.count(b"\r") != len(headers) or lines.count(b"\n") != len(headers):
@@ -113,4 +113,9 @@ def wire(answer: Reply, default_lines: bytes, keep_alive: bool) -> bytes:
 
 
 def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    """`name: value` lines, each ended by CRLF (the C join: no Python frame per header)."""
+    lines = b"\r\n".join(map(_NAME_VALUE, headers))  # a line is never empty: it has ": "
+    return lines + b"\r\n" if lines else b""
+
+
+_NAME_VALUE = b": ".join

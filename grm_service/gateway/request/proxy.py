@@ -143,8 +143,8 @@ class Gateway:
         usage = payload.get("usage")
         if not isinstance(usage, dict):
             return
-        for kind in ("prompt", "completion"):
-            count = usage.get(f"{kind}_tokens")
+        for kind, key in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+            count = usage.get(key)
             if isinstance(count, int) and count > 0:
                 counter = self._tokens.get(kind)
                 if counter is None:
