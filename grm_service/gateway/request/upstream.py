@@ -216,7 +216,7 @@ class Upstream:
         if replica is None:
             replica = self._replicas[base_url] = _Replica(
                 base_url, _Target.parse(base_url), asyncio.Semaphore(self.max_connections))
-        length = sum(len(part) for part in body)
+        length = sum(map(len, body))
         head = replica.target.head(path, length)
         replica.users += 1
         try:
