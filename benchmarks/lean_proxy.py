@@ -172,7 +172,8 @@ class _Client(asyncio.Protocol):
 
 
 async def _main(port: int, urls: list[str]) -> None:
-    # Bound with IPPROTO_TCP, as stub_server.py says why: TCP_NODELAY on accepted sockets.
+    # Bound with IPPROTO_TCP, as stub_openai.listening says why (not imported: the floor loads
+    # nothing of the product): TCP_NODELAY on accepted sockets.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))

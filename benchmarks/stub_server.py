@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import sys
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grm_service.gateway.request.answer import RESPONSE_JSON
-from grm_service.testing.stub_openai import CLASSIFY_ANSWER, build_app, completion
+from grm_service.testing.stub_openai import CLASSIFY_ANSWER, build_app, completion, listening
 
 _FAST_PATHS = (b"/v1/chat/completions", b"/classify")
 
@@ -92,13 +90,7 @@ def main() -> None:
     parser.add_argument("--fast", action="store_true",
                         help="answer the engine routes in the protocol (module doc)")
     args = parser.parse_args()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    # Listening before the port is told, as stub_openai.py says why.
-    sock.listen(2048)
-    sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
-    sys.stdout.flush()
+    sock = listening(args.port)
     http: Any = type("Fast", (FastStubProtocol,), {"delay": args.delay}) if args.fast else "auto"
     config = uvicorn.Config(build_app(delay_s=args.delay), log_level="warning", http=http)
     # Server.run picks uvicorn's loop factory (uvloop when installed); asyncio.run would not.

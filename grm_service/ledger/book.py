@@ -131,7 +131,7 @@ class Ledger:
                answer: Answer, how: str = "", indexed: bool = False) -> None:
         """`indexed`: whether the cache may answer this request's repeats (they look it up)."""
         keep = self._keep_all or (self._keep_tagged and origin.run)
-        size = _RECORD_BYTES + (sum(len(part) for part in raw) if keep else 0)
+        size = _RECORD_BYTES + (sum(map(len, raw)) if keep else 0)
         # The engine's bytes, where there are some, and not the payload: a record waits for
         # its write up to a flush interval, and a payload is thousands of objects for the
         # garbage collector to walk meanwhile (bytes are none).

@@ -141,6 +141,21 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     ])
 
 
+def listening(port: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:`port` (0: any free one), its port printed as `PORT n`
+    once it listens: a client that connects while the server starts waits in the backlog
+    instead of being refused (uvicorn's and asyncio's own listen() set the same backlog).
+    IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
+    listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
+    sys.stdout.flush()
+    return sock
+
+
 def main() -> None:
     import uvicorn
 
@@ -154,16 +169,7 @@ def main() -> None:
     parser.add_argument("--record", type=int, default=0, help="Keep the last N bodies received.")
     parser.add_argument("--pad", type=int, default=0, help="Characters added to chat answers.")
     args = parser.parse_args()
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
-    # listening socket says it is TCP; without it each keep-alive reply waits ~40 ms (Nagle).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    # Listening before the port is told: a client that connects while uvicorn is still starting
-    # waits in the backlog instead of being refused (uvicorn's own listen() sets the same backlog).
-    sock.listen(2048)
-    sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
-    sys.stdout.flush()
+    sock = listening(args.port)
     stub = (garbage_app(args.garbage) if args.garbage
             else build_app(args.delay, args.fail, args.served_model_name, args.version,
                            args.record, args.pad))
