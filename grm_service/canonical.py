@@ -90,8 +90,10 @@ def _msgspec_form(value: Any, decoded: bool = False) -> bytes | None:
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
         return None
     # Without an escaped quote, the count of quotes before a byte tells whether it is in a
-    # string: a match there is text, kept as it is, and the bytes need no read-back.
-    parity = decoded and data.find(b'\\"') < 0
+    # string: a match there is text, kept as it is, and the bytes need no read-back. Most
+    # answers hold no backslash at all, which one memchr finds; the two-byte search is a
+    # compare at every quote (~1 ns a byte: 12 us on an answer with 128 logprobs).
+    parity = decoded and (data.find(b"\\") < 0 or data.find(b'\\"') < 0)
     parts = _EXPONENT.split(data)
     if len(parts) > 1:
         _exponents(parts, parity)

@@ -166,6 +166,9 @@ def test_a_decoded_value_is_proven_by_the_quotes_without_a_read_back(
         _msgspec_form(value)
     inside = msgspec.json.decode(reference(["\u001e7", "x:1e-7 0.00001", 1e-7, 1.5e-5]))
     assert _msgspec_form(inside, decoded=True) == reference(inside)  # text kept, no read-back
+    escaped = msgspec.json.decode(reference(["line\n1e-7", "a\\b 0.00001", 1e-7, 1.5e-5]))
+    assert b"\\" in msgspec.json.encode(escaped)  # escapes, none of them a quote: no read-back
+    assert _msgspec_form(escaped, decoded=True) == reference(escaped)
     quoted = msgspec.json.decode(reference(['say "1e-7"', 1e-7]))
     with pytest.raises(AttributeError):  # an escaped quote: the read-back decides
         _msgspec_form(quoted, decoded=True)
