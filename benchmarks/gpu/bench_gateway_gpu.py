@@ -113,25 +113,44 @@ def processes() -> Iterator[list[Proc]]:
                 os.killpg(p.popen.pid, signal.SIGKILL)
 
 
-def spawn(procs: list[Proc], name: str, argv: list[str], port: int) -> Proc:
+def spawn(procs: list[Proc], name: str, argv: list[str], port: int,
+          env: dict[str, str] | None = None) -> Proc:
     LOGS.mkdir(parents=True, exist_ok=True)
     with (LOGS / f"{name}.log").open("wb") as log:
         # cwd outside any checkout: `python -m` puts cwd first on sys.path, where another
         # grm_service would shadow the one on PYTHONPATH.
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=LOGS,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     proc = Proc(name, popen, f"http://127.0.0.1:{port}")
     procs.append(proc)
     return proc
 
 
 def gateway(procs: list[Proc], name: str, args: list[str], engine_args: list[str],
-            workers: int = 1) -> Proc:
+            workers: int = 1, tree: str = "") -> Proc:
+    """`tree`: a folder holding another grm_service package, run instead of this one."""
     port = free_port()
     argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
             "--work-dir", str(LOGS / f"work-{name}"), "--log-level", "info",
             "--workers", str(workers), *args]
-    return spawn(procs, name, argv + (["--", *engine_args] if engine_args else []), port)
+    env = None
+    if tree:
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
+    return spawn(procs, name, argv + (["--", *engine_args] if engine_args else []), port, env)
+
+
+def attached(procs: list[Proc], vl: Proc, model: str, variants: list[str],
+             workers: int) -> list[Proc]:
+    """One gateway per NAME=DIR variant (DIR empty: this tree), each attached to `vl`'s
+    replica: two versions of the gateway in the same rounds, on the same replica."""
+    out = []
+    for variant in variants:
+        name, _, tree = variant.partition("=")
+        out.append(gateway(procs, f"gw-{name}", ["--backend-url", replica_url(vl),
+                                                 "--served-model-name", model], [], workers,
+                           str(Path(tree).resolve()) if tree else ""))
+    return out
 
 
 def get_json(url: str) -> tuple[int, Any]:
@@ -326,7 +345,7 @@ START = time.monotonic()
 
 
 async def measure(args: argparse.Namespace, vl: Proc | None, cls: tuple[Proc, Proc] | None,
-                  vl_model: str) -> dict[str, Any]:
+                  vl_model: str, more: list[Proc]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     # Idle connections are closed before the servers' own 5 s keep-alive timeout would: a POST
     # on a connection the server is closing fails, and aiohttp does not resend a POST.
@@ -334,15 +353,16 @@ async def measure(args: argparse.Namespace, vl: Proc | None, cls: tuple[Proc, Pr
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if vl is not None:
-            await measure_vl(args, session, vl, vl_model, result)
+            await measure_vl(args, session, vl, vl_model, result, more)
         if cls is not None:
             await measure_cls(args, session, cls, result)
     return result
 
 
 async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, vl: Proc,
-                     vl_model: str, result: dict[str, Any]) -> None:
-    paths = [Target("direct", replica_url(vl), None), Target("gateway", vl.url, vl.popen.pid)]
+                     vl_model: str, result: dict[str, Any], more: list[Proc]) -> None:
+    paths = [Target("direct", replica_url(vl), None), Target("gateway", vl.url, vl.popen.pid),
+             *(Target(p.name.removeprefix("gw-"), p.url, p.popen.pid) for p in more)]
     chat = "/v1/chat/completions"
     ocr = ocr_bodies(vl_model, args.ocr, args.ocr_images, args.logprobs)
     result["ocr_body_bytes"] = len(json.dumps(ocr[0]))
@@ -350,6 +370,10 @@ async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, v
     for p in paths:
         await fan_out(session, p.url + chat, ocr[:32], 32)
         await fan_out(session, p.url + chat, judge_bodies(vl_model, 64, 4), 64)
+        if p.name != "direct":  # the gateways in the same rounds must serialize alike
+            answer = await post(session, p.url + chat, judge_bodies(vl_model, 1, 4)[0])
+            print(f"  {p.name}: serialized={answer['grm_fingerprint']['serialized']}",
+                  flush=True)
     print(f"ocr: {args.ocr} concurrent x 128 tokens", flush=True)
     result["ocr"] = await rounds(session, paths, chat, ocr, args.ocr, args.rounds)
     print(f"judge: {args.judge} requests x 4 tokens, 256 in flight", flush=True)
@@ -412,6 +436,9 @@ def main() -> None:
     parser.add_argument("--stub", action="store_true", help="dry run on CPU stub replicas")
     parser.add_argument("--gateway-workers", type=int, default=1,
                         help="gateway processes on the port (serve --workers N)")
+    parser.add_argument("--attach-variant", action="append", default=[], metavar="NAME=DIR",
+                        help="another gateway attached to the VL replica, in the same rounds: "
+                        "DIR holds its grm_service package (empty: this tree)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     with processes() as procs:
@@ -449,7 +476,10 @@ def main() -> None:
                                                       "--serialize", "on"], [])
             wait_ready([serial], 120)
             cls = (cgw, serial)
-        result = asyncio.run(measure(args, vl, cls, model))
+        more = (attached(procs, vl, model, args.attach_variant, args.gateway_workers)
+                if vl else [])
+        wait_ready(more, 120)
+        result = asyncio.run(measure(args, vl, cls, model, more))
         result["loadavg"] = os.getloadavg()
         result["argv"] = " ".join(["bench_gateway_gpu.py", *sys.argv[1:]])
         for p in procs:
