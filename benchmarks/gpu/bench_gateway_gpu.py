@@ -14,8 +14,16 @@ pooling could be co-batched). Then, 4 interleaved rounds each (order alternated,
 Gateway CPU per request is the gateway process's own utime+stime (its replica is a child and is
 not counted). Writes one JSON (--out) and prints the tables.
 
+`--attach-variant NAME=DIR` (repeatable) adds a gateway attached to the VL replica, run from
+the `grm_service` package in DIR (empty: this tree), as one more path of the ocr, judge and
+token rounds: two versions of the gateway on one replica in the same rounds. A round's CPU per
+request follows how many answers the replica hands back together, so versions compare only
+within a round.
+
     python3 benchmarks/gpu/bench_gateway_gpu.py --vl /tmp/models/vl --cls /tmp/models/cls \
         --out $OUT/gpu-gateway.json
+    python3 benchmarks/gpu/bench_gateway_gpu.py --vl /tmp/models/vl --ocr-images 256 --logprobs \
+        --attach-variant now= --attach-variant before=DIR --out $OUT/gpu-gateway-ab.json
     python3 benchmarks/gpu/bench_gateway_gpu.py --stub --out /tmp/gpu-dry.json   # CPU dry run
 """
 
