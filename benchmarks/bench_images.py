@@ -324,12 +324,12 @@ def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:
 def print_steps(steps: dict[tuple[str, str], dict[str, float]], names: list[str],
                 labels: list[str]) -> None:
     columns = [f"{name}, {label}" for name in names for label in labels]
-    print("\n| step (ms CPU per call) | " + " | ".join(columns) + " |")
+    print("\n| step (us CPU per call) | " + " | ".join(columns) + " |")
     print("|" + "---|" * (len(columns) + 1))
     for step in [*steps[(names[0], labels[0])], "sum"]:
         cells = [sum(steps[(n, lb)].values()) if step == "sum" else steps[(n, lb)][step]
                  for n in names for lb in labels]
-        print(f"| {step} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+        print(f"| {step} | " + " | ".join(f"{c * 1e3:.1f}" for c in cells) + " |")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ fingerprint), each with its own request digest, in three variants, one file each
 - `chat, 4 KiB pages`: `chat` on a file of SQLite's default page size (a file that exists keeps
   its own: the ledger makes new ones with 16 KiB pages).
 
+With `--ocr`, each record's answer is an OCR answer instead (`cpu_inprocess.py`'s: 12 KB, 128
+tokens with logprobs): about a page of the file per record.
+
 With `--before DIR` (a copy of an earlier `grm_service` package, e.g. `git archive REV
 grm_service | tar -x -C DIR`), the same records go through that version's store too, in the same
 run, for the comparison.
@@ -51,10 +54,10 @@ _ORIGIN = Origin("/v1/chat/completions", "key-0123456789abcdef", "run-1", 3)
 VARIANTS = ("chat", "score", "chat, 4 KiB pages")
 
 
-def _batch(first: int, n: int, indexed: bool) -> list[Record]:
+def _batch(first: int, n: int, indexed: bool, answer: bytes = _ANSWER) -> list[Record]:
     return [Record(time.time(), _ORIGIN, "/v1/chat/completions", "grm-0123456789abcdef",
                    hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest(), "d" * 32,
-                   _BODY, _ANSWER, dict(_FIELDS), indexed=indexed)
+                   _BODY, answer, dict(_FIELDS), indexed=indexed)
             for i in range(first, first + n)]
 
 
@@ -67,7 +70,8 @@ def stored_bytes(path: Path) -> float:
     return float(size) / records
 
 
-def curve(path: Path, rows: int, batch: int, variant: str, points: int) -> list[float]:
+def curve(path: Path, rows: int, batch: int, variant: str, points: int,
+          answer: bytes = _ANSWER) -> list[float]:
     if variant.endswith("4 KiB pages"):
         with sqlite3.connect(path) as db:  # the page size is fixed by the file's first table
             db.execute("PRAGMA page_size = 4096")
@@ -76,7 +80,7 @@ def curve(path: Path, rows: int, batch: int, variant: str, points: int) -> list[
     every = max(1, rows // batch // points)
     out, spent = [], 0.0
     for k in range(rows // batch):
-        records = _batch(k * batch, batch, indexed=variant == "score")
+        records = _batch(k * batch, batch, variant == "score", answer)
         start = time.process_time()
         store.write(records)
         spent += time.process_time() - start
@@ -111,9 +115,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="records per write (a flush)")
     parser.add_argument("--points", type=int, default=5)
     parser.add_argument("--before", help="a copy of an earlier grm_service package, to compare")
+    parser.add_argument("--ocr", action="store_true",
+                        help="records answered as cpu_inprocess.py's OCR answer (12 KB: 128 "
+                        "tokens with logprobs) instead of a short chat answer")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every variant this many times, in turn; print the medians")
     args = parser.parse_args()
+    if args.ocr and args.before:
+        parser.error("--ocr compares nothing with --before: the earlier store gets chat records")
     names = list(VARIANTS) + (["before: chat", "before: score"] if args.before else [])
     runs = [_run_once(args) for _ in range(args.repeat)]
     curves = [[statistics.median(point) for point in zip(*same, strict=True)]
@@ -128,8 +137,12 @@ def main() -> None:
 
 def _run_once(args: argparse.Namespace) -> list[list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
-        curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points)
-                  for i, variant in enumerate(VARIANTS)]
+        answer = _ANSWER
+        if args.ocr:  # imported here: `_before`'s child imports this module with an older tree
+            from cpu_inprocess import _logprobs_answer
+            answer = _logprobs_answer(128)
+        curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points,
+                        answer) for i, variant in enumerate(VARIANTS)]
         if args.before:
             curves += _before(args.before, tmp, args)
     return curves

@@ -380,8 +380,9 @@ async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, v
         await fan_out(session, p.url + chat, judge_bodies(vl_model, 64, 4), 64)
         if p.name != "direct":  # the gateways in the same rounds must serialize alike
             answer = await post(session, p.url + chat, judge_bodies(vl_model, 1, 4)[0])
-            print(f"  {p.name}: serialized={answer['grm_fingerprint']['serialized']}",
-                  flush=True)
+            serialized = answer["grm_fingerprint"]["serialized"]
+            result.setdefault("serialized", {})[p.name] = serialized
+            print(f"  {p.name}: serialized={serialized}", flush=True)
     print(f"ocr: {args.ocr} concurrent x 128 tokens", flush=True)
     result["ocr"] = await rounds(session, paths, chat, ocr, args.ocr, args.rounds)
     print(f"judge: {args.judge} requests x 4 tokens, 256 in flight", flush=True)
