@@ -4,7 +4,8 @@
     if not ledger.may_answer(origin, pinned):  # the cache's policy, here only
         ledger.record(path, raw, origin, await compute())
     else:
-        answer, how = await ledger.answer(path, raw, origin, expected_id, compute, serve)
+        answer, how = await ledger.answer(path, raw, request_digest, origin, expected_id, compute,
+                                          serve)
 
 Two calls, not one: a request the cache may not answer (chat, by default) pays for its record
 and nothing else, no closure or coroutine of the cache's made for it. `expected_id` is a digest,
@@ -27,7 +28,6 @@ from typing import Any, TypeVar
 
 from grm_service.config import LedgerBodies, Settings
 from grm_service.errors import LedgerUnavailable
-from grm_service.fingerprint import parts_digest
 from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
 from grm_service.ledger.location import open_reader, open_store
 from grm_service.ledger.records import Origin, Record, fields_json
@@ -88,19 +88,20 @@ class Ledger:
             return self._cache_score
         return origin.route == CHAT_ROUTE and self._cache_chat
 
-    async def answer(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
-                     expected_id: Callable[[], str | None], compute: Compute[A],
+    async def answer(self, path: str, raw: Sequence[bytes | memoryview], request_digest: str,
+                     origin: Origin, expected_id: Callable[[], str | None], compute: Compute[A],
                      serve: Serve[A]) -> tuple[A, str]:
         """The answer to one checked request the cache may answer (`may_answer`; `raw`: its
-        canonical body), recorded. `serve` makes an answer of a recorded payload and
-        fingerprint (a hit, a coalesced one); `expected_id` gives the fingerprint id the answer
-        would carry (None: not known yet)."""
+        canonical body, `request_digest` its digest as the answer's fingerprint has it: hashed
+        once for the key and the fingerprint), recorded. `serve` makes an answer of a recorded
+        payload and fingerprint (a hit, a coalesced one); `expected_id` gives the fingerprint id
+        the answer would carry (None: not known yet)."""
         expected = expected_id()
         if expected is None:
             computed = await compute()
             self.record(path, raw, origin, computed, "", indexed=True)
             return computed, ""
-        key: Key = (expected, parts_digest(raw), path)
+        key: Key = (expected, request_digest, path)
         answer, how = await self._cached(key, compute, serve)
         self._outcomes[how or "miss"].inc()
         self.record(path, raw, origin, answer, how, indexed=True)

@@ -1,7 +1,7 @@
 """A forwarded request's answer: the engine's payload and its fingerprint, as the API sends it.
 
     stamps = Stamps()                                   # one per gateway
-    fields = fingerprint_fields(stamp, alone, raw, payload)
+    fields = fingerprint_fields(stamp, alone, parts_digest(raw), payload)
     answer = Forwarded(payload, fields, stamp.system, stamp.json)
     wrap(answer) -> dict     render(answer) -> bytes (the same dict as JSON)
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.engine_side.identity import ReplicaIdentity
-from grm_service.fingerprint import Fingerprint, parts_digest, response_digest, stamp_headers
+from grm_service.fingerprint import Fingerprint, response_digest, stamp_headers
 
 # Byte for byte what starlette's JSONResponse renders (`json.dumps` with these options), built
 # once instead of per call. No circular-reference check: what is rendered is parsed JSON and
@@ -87,13 +87,14 @@ def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
-def fingerprint_fields(stamp: Stamp, alone: bool, raw: Sequence[bytes | memoryview],
+def fingerprint_fields(stamp: Stamp, alone: bool, request_digest: str,
                        payload: dict[str, Any], decoded: bool = False) -> dict[str, Any]:
-    """`Fingerprint`'s fields, in its order, for the request `raw` (its canonical JSON, in
-    pieces) answered by `payload` (`decoded`: by msgspec's JSON decoder)."""
+    """`Fingerprint`'s fields, in its order, for the request of `request_digest`
+    (`fingerprint.parts_digest` of its canonical JSON) answered by `payload` (`decoded`: by
+    msgspec's JSON decoder)."""
     fields = dict(stamp.fields)
     fields["serialized"] = alone
-    fields["request_digest"] = parts_digest(raw)
+    fields["request_digest"] = request_digest
     fields["response_digest"] = response_digest(payload, decoded)
     return fields
 

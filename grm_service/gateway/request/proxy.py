@@ -28,7 +28,7 @@ from grm_service.errors import (
     UnknownModel,
     UnknownReplica,
 )
-from grm_service.fingerprint import Fingerprint, system_fingerprint
+from grm_service.fingerprint import Fingerprint, parts_digest, system_fingerprint
 from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.gateway.request.audit import Auditor
@@ -339,9 +339,10 @@ async def forward(
         forwarded = await _send(gw, path, body, raw, pin, audit)
         ledger.record(path, raw, origin, forwarded)
         return forwarded
+    request = parts_digest(raw)  # the cache's key and the fingerprint's: hashed once
     forwarded, how = await ledger.answer(
-        path, raw, origin, functools.partial(_expected_id, gw, body),
-        lambda: _send(gw, path, body, raw, pin, audit), functools.partial(served, gw))
+        path, raw, request, origin, functools.partial(_expected_id, gw, body),
+        lambda: _send(gw, path, body, raw, pin, audit, request), functools.partial(served, gw))
     if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
         _audit(gw, gw.auditor, path, body, None, forwarded)
     return forwarded
@@ -374,7 +375,8 @@ def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
 
 
 async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
-                audit: bool) -> Forwarded:
+                audit: bool, request_digest: str | None = None) -> Forwarded:
+    """`request_digest`: `raw`'s, where the caller has it (else hashed for the answer)."""
     order = route(gw, router.key_of_parts(raw), pin)
     if not order:
         raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
@@ -394,7 +396,8 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
             continue
         _record(gw, replica, ok=True)
         gw.count_tokens(payload)
-        forwarded = _answer(gw, replica, body, raw, payload, serialized, engine_json)
+        forwarded = _answer(gw, replica, body, request_digest or parts_digest(raw), payload,
+                            serialized, engine_json)
         if audit and gw.auditor is not None and gw.auditor.draw():
             _audit(gw, gw.auditor, path, body, replica, forwarded)
         return forwarded
@@ -441,7 +444,7 @@ async def _rerun(gw: Gateway, path: str, body: dict[str, Any], pin: str) -> Fing
     return (await forward(gw, path, body, pin, audit=False)).fingerprint
 
 
-def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
+def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], request_digest: str,
             payload: dict[str, Any], alone: bool, engine_json: bytes) -> Forwarded:
     ident = replica.identity
     assert ident is not None, "admission reads the identity before a replica is routed to"
@@ -449,5 +452,5 @@ def _answer(gw: Gateway, replica: Replica, body: dict[str, Any], raw: Body,
     seed = body.get("seed")
     stamp = gw.stamps.get(replica.name, ident, gw.path_settings.seed if seed is None else seed)
     # Strict bytes (`engine_json`) are the ones msgspec's decoder parsed (`_decode`).
-    fields = fingerprint_fields(stamp, alone, raw, payload, decoded=bool(engine_json))
+    fields = fingerprint_fields(stamp, alone, request_digest, payload, decoded=bool(engine_json))
     return Forwarded(payload, fields, stamp.system, stamp.json, engine_json, stamp.headers)

@@ -62,7 +62,8 @@ async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
         answer = await compute()
         book.record(path, RAW, origin, answer)
         return answer, ""
-    return await book.answer(path, RAW, origin, lambda: expected, compute, served)
+    return await book.answer(path, RAW, digest(b"".join(RAW)), origin, lambda: expected, compute,
+                             served)
 
 
 @pytest.fixture
@@ -99,6 +100,16 @@ async def test_a_score_repeat_is_the_recorded_answer_marked_a_hit(ledger: Ledger
     assert engine.calls == 1 and how == "hit"
     assert again.payload == first.payload and again.fields == {**first.fields, "cache": "hit"}
     assert again.fingerprint.cache == "hit"
+
+
+async def test_the_key_is_the_digest_the_request_path_gives(ledger: Ledger) -> None:
+    # The request path hashes the canonical body once, for the key and the fingerprint: the
+    # ledger keys by that digest, and does not hash the body again.
+    engine = Engine()
+    await ask(ledger, SCORE, "grm-1", engine)
+    _, how = await ledger.answer("/v1/chat/completions", [b"not hashed"],
+                                 digest(b"".join(RAW)), SCORE, lambda: "grm-1", engine, served)
+    assert how == "hit" and engine.calls == 1
 
 
 async def test_a_repeat_under_other_run_and_step_tags_is_a_hit(ledger: Ledger,

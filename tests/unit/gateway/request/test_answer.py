@@ -65,7 +65,7 @@ def pydantic_route(payload: dict[str, Any], fp: Fingerprint, system: str) -> byt
 def test_rendered_answer_is_the_pydantic_routes_bytes(payload: dict[str, Any], alone: bool,
                                                       ident: ReplicaIdentity) -> None:
     stamp = Stamps().get("replica-0", ident, 7)
-    fields = fingerprint_fields(stamp, alone, [RAW], payload)
+    fields = fingerprint_fields(stamp, alone, digest(RAW), payload)
     answer = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json)
     model = Fingerprint(
         fingerprint_id=ident.fingerprint_id(7), identity="verified" if ident.verified
@@ -109,7 +109,7 @@ def test_stamps_follow_the_replicas_identity_object() -> None:
 def test_every_answer_names_the_tensor_parallel_size_of_its_replica() -> None:
     payload = PAYLOADS[0]
     stamp = Stamps().get("r0", identity(tensor_parallel_size=2), 7)
-    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    fields = fingerprint_fields(stamp, False, digest(RAW), payload)
     answer = Forwarded(payload, fields, stamp.system, stamp.json)
     assert json.loads(render(answer))["grm_fingerprint"]["tensor_parallel_size"] == 2
 
@@ -122,7 +122,7 @@ def test_system_fingerprint_is_the_backend_configuration_without_the_seed() -> N
     answers = {}
     for seed in (1, 2):
         stamp = stamps.get("r0", ident, seed)
-        fields = fingerprint_fields(stamp, False, [RAW], PAYLOADS[0])
+        fields = fingerprint_fields(stamp, False, digest(RAW), PAYLOADS[0])
         answers[seed] = json.loads(render(Forwarded(PAYLOADS[0], fields, stamp.system,
                                                     stamp.json)))
     one, two = answers[1], answers[2]
@@ -161,7 +161,7 @@ def test_kept_engine_bytes_parse_to_the_wrapped_answer(
     answer's value; written as starlette writes it, it is the re-rendered answer's bytes."""
     ident = identity()
     stamp = Stamps().get("r0", ident, 7)
-    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    fields = fingerprint_fields(stamp, False, digest(RAW), payload)
     engine = json.dumps(payload, separators=separators, ensure_ascii=ascii_only,
                         indent=indent).encode()
     kept = Forwarded(payload, fields, ident.system_fingerprint(), stamp.json, engine)
@@ -176,7 +176,7 @@ def test_engine_bytes_whose_end_is_not_the_payloads_are_rendered_again() -> None
     ident = identity()
     stamp = Stamps().get("r0", ident, 7)
     payload = {"id": "c", "system_fingerprint": None, "usage": {"total_tokens": 3}}
-    fields = fingerprint_fields(stamp, False, [RAW], payload)
+    fields = fingerprint_fields(stamp, False, digest(RAW), payload)
     whole = render(Forwarded(payload, fields, ident.system_fingerprint(), stamp.json))
     for engine in (b'{"id":"c","system_fingerprint":null,"usage":{"total_tokens":4}}',
                    b'{"id":"c","system_fingerprint":null,"usage":{"total_tokens":3}} ',
