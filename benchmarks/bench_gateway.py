@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,6 +52,9 @@ class Run:
     stub_cpu_us: float
     wrk_cpu_us: float
     proxy_sys_us: float = 0.0  # the kernel's part of proxy_cpu_us (0 in runs before it was kept)
+    # Each serving process's share of the contender's CPU, largest first (`serve --workers N`:
+    # how evenly the workers' accepts spread the connections); empty in runs before it was kept.
+    shares: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -65,6 +68,22 @@ class Contender:
         splits = [p.user_system() for p in self.procs]
         system = sum(s for _, s in splits)
         return sum(u for u, _ in splits) + system, system
+
+    def per_process(self) -> dict[int, float]:
+        """CPU seconds of each process of the contender (its descendants included)."""
+        return {pid: procs.cpu_seconds(pid, alone=True)
+                for p in self.procs for pid in [p.pid, *procs.descendants(p.pid)]}
+
+
+def _shares(before: dict[int, float], after: dict[int, float]) -> list[float]:
+    """Each process's share of the CPU between the two snapshots, in %, largest first; those
+    under 2 % (a manager, a keeper) left out."""
+    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    total = sum(used.values())
+    if total <= 0:
+        return []
+    return sorted((round(100 * u / total, 1) for u in used.values() if u / total >= 0.02),
+                  reverse=True)
 
 
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path],
@@ -108,15 +127,17 @@ def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
 
 def _measure(c: Contender, stubs: list[procs.Proc], load: loadgen.Load, rnd: int) -> Run:
     proxy0, sys0 = c.user_system()
+    each0 = c.per_process()
     stub0 = sum(s.cpu() for s in stubs)
     res = loadgen.run_split(c.urls, load)
     n = max(res.requests, 1)
     proxy1, sys1 = c.user_system()
+    shares = _shares(each0, c.per_process())
     proxy, system = proxy1 - proxy0, sys1 - sys0
     stub = sum(s.cpu() for s in stubs) - stub0
     return Run(rnd, load.connections, c.name, res.rps, res.pct_ms(50), res.pct_ms(90),
                res.pct_ms(99), res.errors, res.requests, proxy / n * 1e6, stub / n * 1e6,
-               res.loadgen_cpu_s / n * 1e6, system / n * 1e6)
+               res.loadgen_cpu_s / n * 1e6, system / n * 1e6, shares)
 
 
 def _med(xs: list[float]) -> float:
@@ -210,7 +231,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each run")
     parser.add_argument("--max-requests", type=int, default=500_000, help="per run")
-    parser.add_argument("--contenders", nargs="+",
+    parser.add_argument("--contenders", nargs="*",
                         default=["direct", "grm-service", "vllm-router", "smg"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                         help="also run grm-service imported from DIR/grm_service")
@@ -286,7 +307,9 @@ def main() -> None:
                     runs.append(run)
                     print(f"round {rnd} c={conc:<4} {c.name:<14} {run.rps:>8.0f} req/s "
                           f"p50 {run.p50_ms:8.3f} p99 {run.p99_ms:9.3f} ms  "
-                          f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}", flush=True)
+                          f"proxy {run.proxy_cpu_us:6.0f} us/req  err {run.errors}"
+                          + (f"  shares % {run.shares}" if len(run.shares) > 1 else ""),
+                          flush=True)
     present = ([c for c in names if c not in failed] + [f"grm-service-x{n}" for n in args.workers]
                + [f"grm-service-w{n}{suffix}" for n in args.gateway_workers
                   for suffix in ["", *(f"-{tag}" for tag, _, _ in gw_env),

@@ -72,12 +72,13 @@ def user_system_seconds(pid: int) -> tuple[float, float]:
     return user, system
 
 
-def cpu_seconds(pid: int, reaped: bool = False) -> float:
-    """utime+stime of a process (all its threads) and of its live descendants; `reaped`: plus
-    what each of them has waited for of its exited children (cutime+cstime)."""
+def cpu_seconds(pid: int, reaped: bool = False, alone: bool = False) -> float:
+    """utime+stime of a process (all its threads) and of its live descendants (`alone`: not
+    them); `reaped`: plus what each of them has waited for of its exited children
+    (cutime+cstime)."""
     columns = (11, 12, 13, 14) if reaped else (11, 12)
     total = 0.0
-    for p in [pid, *descendants(pid)]:
+    for p in [pid, *([] if alone else descendants(pid))]:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = stat_fields(p)
             total += sum(int(fields[i]) for i in columns) / _TICKS

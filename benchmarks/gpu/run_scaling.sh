@@ -13,10 +13,21 @@
 #     their ledger on and off, beside 8 independent gateways (no shared gate, metrics or ledger);
 #  7. this tree against BEFORE (a folder holding an older grm_service), in the same rounds
 #     (PARTS="gate-ab curve-ab waits-ab"): the shared gate alone (1 and 4 replicas), the curve
-#     at c = 64 with 8 independent gateways beside it, and workers below saturation.
+#     at c = 64 with 8 independent gateways beside it, and workers below saturation;
+#  8. the curve of this tree alone (PARTS="curve"): 4 fast stubs, c = 64 and 256, 1/2/4/8
+#     workers, 8 independent gateways, vllm-router and direct;
+#  9. why CPU per request grows with N where nothing is shared (PARTS="perworker busy"): one
+#     worker at the concurrency each of N workers sees at c = 64 (8, 16, 32, 64), beside
+#     vllm-router at the same; and one worker at c = 8 and 64 while BUSY processes spin on
+#     other cores (the load 7 more workers put on the host's clocks and caches), alternated
+#     with the same runs on a quiet host, ROUNDS times;
+# 10. what `--workers 8` adds over 8 independent gateways (PARTS="spread"): each worker's
+#     share of the gateway's CPU (how evenly the accepts spread the connections), with the
+#     ledger on and off, c = 64 and 256.
 #
 #   KIT=DIR [BEFORE=DIR] [PARTS="topology fast app waits idle gate bisect gate-ab curve-ab
-#       waits-ab"] [TAG=name] bash benchmarks/gpu/run_scaling.sh
+#       waits-ab curve perworker busy spread"] [TAG=name] [BUSY=7] [ROUNDS=3]
+#       bash benchmarks/gpu/run_scaling.sh
 #
 # KIT as for run_workers.sh. Results go to $OUT.
 set -u -o pipefail
@@ -57,3 +68,27 @@ part waits-ab && bench "waits-ab-$TAG" 220 --contenders direct --gateway-workers
     --concurrency 512 --rounds 3 --duration 4 --pair-with grm-service-w1
 part idle && timeout 100 .venv/bin/python benchmarks/idle_cpu.py --seconds 8 2>&1 | tail -12 \
     | tee "$OUT/idle-$TAG.md"
+part curve && bench "curve-$TAG" 330 --contenders direct vllm-router --gateway-workers 1 2 4 8 \
+    --workers 8 --replicas 4 --fast-stubs --concurrency 64 256 --rounds 3 --duration 4 \
+    --pair-with grm-service-w1
+part perworker && bench "perworker-$TAG" 200 --contenders vllm-router --gateway-workers 1 \
+    --replicas 4 --fast-stubs --concurrency 8 16 32 64 --rounds 3 --duration 4 \
+    --pair-with vllm-router
+if part busy; then
+    for round in $(seq "${ROUNDS:-3}"); do
+        for host in quiet busy; do
+            spinners=()
+            if [ "$host" = busy ]; then
+                for _ in $(seq "${BUSY:-7}"); do
+                    python3 -c 'while True: pass' & spinners+=($!)
+                done
+            fi
+            bench "busy-$TAG-$host-$round" 60 --contenders --gateway-workers 1 --replicas 4 \
+                --fast-stubs --concurrency 8 64 --rounds 1 --duration 4
+            [ ${#spinners[@]} -gt 0 ] && kill "${spinners[@]}" && wait "${spinners[@]}" 2>/dev/null
+        done
+    done
+fi
+part spread && bench "spread-$TAG" 260 --contenders --gateway-workers 1 8 \
+    --gateway-workers-env noledger=GRM_LEDGER=false --workers 8 --replicas 4 --fast-stubs \
+    --concurrency 64 256 --rounds 3 --duration 4 --pair-with grm-service-w1
