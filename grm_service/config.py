@@ -32,6 +32,14 @@ class Launcher(StrEnum):
     RAY = "ray"  # one Ray actor per replica on an existing Ray cluster
 
 
+class WorkerSockets(StrEnum):
+    # One listening socket per worker, the port shared (SO_REUSEPORT): the kernel spreads new
+    # connections over them by their addresses' hash.
+    PER_WORKER = "per-worker"
+    # One socket all workers accept on: whichever worker wakes first takes what is queued.
+    SHARED = "shared"
+
+
 class RayPlacement(StrEnum):
     SPREAD = "spread"
     PACK = "pack"
@@ -110,6 +118,11 @@ class Settings(BaseSettings):
     workers: int = Field(
         1, ge=1, le=256, description="Gateway processes accepting on the port (one per core); "
         "the replicas are kept by a process of their own.",
+    )
+    worker_sockets: WorkerSockets = Field(
+        WorkerSockets.PER_WORKER, description="With --workers N: 'per-worker' (a listening "
+        "socket each, the port shared: the kernel spreads connections by hash) or 'shared' "
+        "(one socket: a burst of connections may land on one worker).",
     )
     worker_ping_interval_s: float = Field(
         1.0, gt=0, description="With --workers N: between liveness pings of each worker."

@@ -21,9 +21,10 @@
 #     vllm-router at the same; and one worker at c = 8 and 64 while BUSY processes spin on
 #     other cores (the load 7 more workers put on the host's clocks and caches), alternated
 #     with the same runs on a quiet host, ROUNDS times;
-# 10. what `--workers 8` adds over 8 independent gateways (PARTS="spread"): each worker's
-#     share of the gateway's CPU (how evenly the accepts spread the connections), with the
-#     ledger on and off, c = 64 and 256.
+# 10. the curve with each worker on a listening socket of its own (the default) against one
+#     socket all workers accept on (PARTS="spread"), each worker's share of the gateway's CPU
+#     kept (how evenly the connections spread), c = 64 and 256, with 8 independent gateways
+#     and vllm-router.
 #
 #   KIT=DIR [BEFORE=DIR] [PARTS="topology fast app waits idle gate bisect gate-ab curve-ab
 #       waits-ab curve perworker busy spread"] [TAG=name] [BUSY=7] [ROUNDS=3]
@@ -89,6 +90,6 @@ if part busy; then
         done
     done
 fi
-part spread && bench "spread-$TAG" 260 --contenders --gateway-workers 1 8 \
-    --gateway-workers-env noledger=GRM_LEDGER=false --workers 8 --replicas 4 --fast-stubs \
-    --concurrency 64 256 --rounds 3 --duration 4 --pair-with grm-service-w1
+part spread && bench "spread-$TAG" 420 --contenders vllm-router --gateway-workers 1 2 4 8 \
+    --gateway-workers-env shared=GRM_WORKER_SOCKETS=shared --workers 8 --replicas 4 \
+    --fast-stubs --concurrency 64 256 --rounds 3 --duration 4 --pair-with grm-service-w1

@@ -11,9 +11,10 @@ survive; and the metrics it writes need the multiprocess environment the manager
 children. So the manager stays a small synchronous supervisor, and no serving worker owns an
 engine: a crash on any request path restarts that worker only, while engines and admissions stay.
 
-Every worker accepts on the one listening socket the manager bound (passed by descriptor) and
-serves every route. What must hold across processes lives in the run dir, a fresh private
-directory removed at exit: the replica snapshot, the replicas' shared gates (shared_gate.py), and
+Every worker accepts on a listening socket the manager bound (passed by descriptor), its own
+on the shared port by default (listen.py says why), and serves every route. What must hold
+across processes lives in the run dir, a fresh private directory removed at exit: the replica
+snapshot, the replicas' shared gates (shared_gate.py), and
 prometheus_client's multiprocess files (/metrics on any worker shows the sum; metrics.py).
 
 Lifecycle: each worker answers a liveness ping (process.py); one that has not answered for
@@ -40,7 +41,6 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
 from prometheus_client import multiprocess
 
 from grm_service.config import Settings
@@ -50,6 +50,7 @@ from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
 from grm_service.replicas.shared_gate import release_worker
 from grm_service.replicas.snapshot import mark_down
+from grm_service.workers.listen import listening_sockets
 from grm_service.workers.process import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,19 @@ def run_workers(settings: Settings, log_level: str) -> int:
     temp = Path(tempfile.gettempdir())
     for path in sweep_stale_run_dirs(temp):
         log.info("removed %s, left by a manager that is gone", path)
+    try:
+        sockets = listening_sockets(settings)
+    except OSError as err:
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, err)
+        return FATAL_EXIT
     run_dir = Path(tempfile.mkdtemp(prefix=f"{_RUN_DIR_PREFIX}{os.getpid()}-", dir=temp))
     try:
         metrics_dir(run_dir).mkdir()
-        return Manager(settings, log_level, run_dir).run()
+        return Manager(settings, log_level, run_dir, sockets).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+        for sock in sockets:
+            sock.close()
 
 
 def sweep_stale_run_dirs(folder: Path) -> list[Path]:
@@ -82,23 +90,17 @@ def sweep_stale_run_dirs(folder: Path) -> list[Path]:
     return remove_dead_owners(folder, _RUN_DIR_PREFIX)
 
 
-def _bind(settings: Settings) -> socket.socket:
-    config = uvicorn.Config(None, host=settings.host, port=settings.port)  # type: ignore[arg-type]
-    sock = config.bind_socket()
-    sock.set_inheritable(False)  # handed over explicitly (pass_fds), to workers only
-    return sock
-
-
 class Manager:
     """Starts the keeper and the workers, replaces a dead or hung one, and orders the shutdown
     (see the module doc)."""
 
-    def __init__(self, settings: Settings, log_level: str, run_dir: Path) -> None:
+    def __init__(self, settings: Settings, log_level: str, run_dir: Path,
+                 sockets: list[socket.socket]) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self._signals = 0
         self._fatal = False
-        self._sock = _bind(settings)
+        self._sockets = sockets  # worker i listens on sockets[i % len(sockets)]
         env = {**os.environ, MULTIPROCESS_ENV: str(metrics_dir(run_dir))}
         payload = settings.model_dump_json().encode()
         common = ["--run-dir", str(run_dir), "--parent", str(os.getpid()), "--log-level",
@@ -106,10 +108,11 @@ class Manager:
         self.keeper = ChildProcess(
             "keeper", [sys.executable, "-m", "grm_service.workers.keeper_process", *common],
             env, payload, (), pinged=False)
+        fds = [sockets[i % len(sockets)].fileno() for i in range(settings.workers)]
         self.workers = [ChildProcess(
             f"worker {i}", [sys.executable, "-m", "grm_service.workers.worker", "--index", str(i),
-                            "--listen-fd", str(self._sock.fileno()), *common],
-            env, payload, (self._sock.fileno(),), pinged=True) for i in range(settings.workers)]
+                            "--listen-fd", str(fd), *common],
+            env, payload, (fd,), pinged=True) for i, fd in enumerate(fds)]
         self._children = [self.keeper, *self.workers]
         self._due: dict[str, float] = {}  # child name -> when to start it again
         self._crashes = {child.name: 0 for child in self._children}
@@ -118,9 +121,9 @@ class Manager:
         self._signals += 1  # only record: the loop acts
 
     def run(self) -> int:
-        host, port = self._sock.getsockname()[:2]
-        log.info("serving on http://%s:%d with %d workers and a keeper (run dir %s)", host, port,
-                 len(self.workers), self.run_dir)
+        host, port = self._sockets[0].getsockname()[:2]
+        log.info("serving on http://%s:%d with %d workers (%d listening sockets) and a keeper "
+                 "(run dir %s)", host, port, len(self.workers), len(self._sockets), self.run_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         for child in self._children:
@@ -194,7 +197,6 @@ class Manager:
         self._wait_or_kill(self.keeper, self.settings.shutdown_grace_s + _EXIT_MARGIN_S)
         for child in self._children:
             child.close()
-        self._sock.close()
 
     def _wait_or_kill(self, child: ChildProcess, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
