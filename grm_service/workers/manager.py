@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
 from grm_service.replicas.shared_gate import release_worker
 from grm_service.replicas.snapshot import mark_down
-from grm_service.workers.listen import listening_sockets
+from grm_service.workers.listen import Listeners
 from grm_service.workers.process import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -70,18 +69,17 @@ def run_workers(settings: Settings, log_level: str) -> int:
     for path in sweep_stale_run_dirs(temp):
         log.info("removed %s, left by a manager that is gone", path)
     try:
-        sockets = listening_sockets(settings)
+        listeners = Listeners(settings)
     except OSError as err:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, err)
         return FATAL_EXIT
     run_dir = Path(tempfile.mkdtemp(prefix=f"{_RUN_DIR_PREFIX}{os.getpid()}-", dir=temp))
     try:
         metrics_dir(run_dir).mkdir()
-        return Manager(settings, log_level, run_dir, sockets).run()
+        return Manager(settings, log_level, run_dir, listeners).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-        for sock in sockets:
-            sock.close()
+        listeners.close()
 
 
 def sweep_stale_run_dirs(folder: Path) -> list[Path]:
@@ -95,24 +93,23 @@ class Manager:
     (see the module doc)."""
 
     def __init__(self, settings: Settings, log_level: str, run_dir: Path,
-                 sockets: list[socket.socket]) -> None:
+                 listeners: Listeners) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self._signals = 0
         self._fatal = False
-        self._sockets = sockets  # worker i listens on sockets[i % len(sockets)]
+        self._listeners = listeners
         env = {**os.environ, MULTIPROCESS_ENV: str(metrics_dir(run_dir))}
         payload = settings.model_dump_json().encode()
         common = ["--run-dir", str(run_dir), "--parent", str(os.getpid()), "--log-level",
                   log_level]
         self.keeper = ChildProcess(
             "keeper", [sys.executable, "-m", "grm_service.workers.keeper_process", *common],
-            env, payload, (), pinged=False)
-        fds = [sockets[i % len(sockets)].fileno() for i in range(settings.workers)]
+            env, payload, pinged=False)
         self.workers = [ChildProcess(
             f"worker {i}", [sys.executable, "-m", "grm_service.workers.worker", "--index", str(i),
-                            "--listen-fd", str(fd), *common],
-            env, payload, (fd,), pinged=True) for i, fd in enumerate(fds)]
+                            *common], env, payload, pinged=True, listeners=listeners)
+            for i in range(settings.workers)]
         self._children = [self.keeper, *self.workers]
         self._due: dict[str, float] = {}  # child name -> when to start it again
         self._crashes = {child.name: 0 for child in self._children}
@@ -121,9 +118,9 @@ class Manager:
         self._signals += 1  # only record: the loop acts
 
     def run(self) -> int:
-        host, port = self._sockets[0].getsockname()[:2]
-        log.info("serving on http://%s:%d with %d workers (%d listening sockets) and a keeper "
-                 "(run dir %s)", host, port, len(self.workers), len(self._sockets), self.run_dir)
+        log.info("serving on http://%s:%d with %d workers (%s sockets) and a keeper (run dir %s)",
+                 self.settings.host, self._listeners.port, len(self.workers),
+                 self.settings.worker_sockets.value, self.run_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         for child in self._children:
@@ -140,8 +137,7 @@ class Manager:
         for child in self._children:
             if child.name in self._due:
                 if now >= self._due[child.name]:
-                    del self._due[child.name]
-                    child.start()
+                    self._start_again(child, now)
                 continue
             code = child.returncode()
             if code is not None:
@@ -152,6 +148,14 @@ class Manager:
                      else max(_FIRST_PONG_S, self.settings.worker_ping_timeout_s))
             if child.unanswered_s(now) > limit:
                 self._hung(child, limit, now)
+
+    def _start_again(self, child: ChildProcess, now: float) -> None:
+        del self._due[child.name]
+        try:
+            child.start()
+        except OSError as err:  # its socket or its pipes (out of descriptors): try again
+            log.error("%s could not be started again: %s; next try in 1 s", child.name, err)
+            self._due[child.name] = now + 1.0
 
     def _hung(self, child: ChildProcess, limit: float, now: float) -> None:
         log.error("%s (pid %s) has not answered a ping for %.1f s: killed", child.name,
