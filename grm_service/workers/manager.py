@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -49,7 +50,7 @@ from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
 from grm_service.replicas.shared_gate import release_worker
 from grm_service.replicas.snapshot import mark_down
-from grm_service.workers.listen import Listeners
+from grm_service.workers.listen import listening_sockets
 from grm_service.workers.process import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -69,17 +70,18 @@ def run_workers(settings: Settings, log_level: str) -> int:
     for path in sweep_stale_run_dirs(temp):
         log.info("removed %s, left by a manager that is gone", path)
     try:
-        listeners = Listeners(settings)
+        sockets = listening_sockets(settings)
     except OSError as err:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, err)
         return FATAL_EXIT
     run_dir = Path(tempfile.mkdtemp(prefix=f"{_RUN_DIR_PREFIX}{os.getpid()}-", dir=temp))
     try:
         metrics_dir(run_dir).mkdir()
-        return Manager(settings, log_level, run_dir, listeners).run()
+        return Manager(settings, log_level, run_dir, sockets).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-        listeners.close()
+        for sock in sockets:
+            sock.close()
 
 
 def sweep_stale_run_dirs(folder: Path) -> list[Path]:
@@ -93,23 +95,24 @@ class Manager:
     (see the module doc)."""
 
     def __init__(self, settings: Settings, log_level: str, run_dir: Path,
-                 listeners: Listeners) -> None:
+                 sockets: list[socket.socket]) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self._signals = 0
         self._fatal = False
-        self._listeners = listeners
+        self._port = sockets[0].getsockname()[1]
         env = {**os.environ, MULTIPROCESS_ENV: str(metrics_dir(run_dir))}
         payload = settings.model_dump_json().encode()
         common = ["--run-dir", str(run_dir), "--parent", str(os.getpid()), "--log-level",
                   log_level]
         self.keeper = ChildProcess(
             "keeper", [sys.executable, "-m", "grm_service.workers.keeper_process", *common],
-            env, payload, pinged=False)
+            env, payload, (), pinged=False)
+        fds = [sockets[i % len(sockets)].fileno() for i in range(settings.workers)]
         self.workers = [ChildProcess(
             f"worker {i}", [sys.executable, "-m", "grm_service.workers.worker", "--index", str(i),
-                            *common], env, payload, pinged=True, listeners=listeners)
-            for i in range(settings.workers)]
+                            "--listen-fd", str(fd), *common],
+            env, payload, (fd,), pinged=True) for i, fd in enumerate(fds)]
         self._children = [self.keeper, *self.workers]
         self._due: dict[str, float] = {}  # child name -> when to start it again
         self._crashes = {child.name: 0 for child in self._children}
@@ -119,7 +122,7 @@ class Manager:
 
     def run(self) -> int:
         log.info("serving on http://%s:%d with %d workers (%s sockets) and a keeper (run dir %s)",
-                 self.settings.host, self._listeners.port, len(self.workers),
+                 self.settings.host, self._port, len(self.workers),
                  self.settings.worker_sockets.value, self.run_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)

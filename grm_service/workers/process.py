@@ -21,8 +21,6 @@ import threading
 import time
 from typing import IO
 
-from grm_service.workers.listen import Listeners
-
 log = logging.getLogger(__name__)
 
 _TAIL_LINES = 40
@@ -33,11 +31,10 @@ class ChildProcess:
     """The handle of one child; `name` is how the log calls it ("worker 1", "keeper")."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], settings_json: bytes,
-                 pinged: bool, listeners: Listeners | None = None) -> None:
-        """`listeners`: a serving worker's, whose socket it is handed at each start."""
+                 fds: tuple[int, ...], pinged: bool) -> None:
         self.name = name
-        self._argv, self._env, self._settings = argv, env, settings_json
-        self._pinged, self._listeners = pinged, listeners
+        self._argv, self._env, self._settings, self._fds = argv, env, settings_json, fds
+        self._pinged = pinged
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)
         self._relaying: threading.Thread | None = None
@@ -52,27 +49,20 @@ class ChildProcess:
 
     def start(self) -> None:
         self._tail.clear()
-        argv, fds = list(self._argv), []
-        listening = theirs = None
+        argv, fds, theirs = list(self._argv), self._fds, None
+        if self._pinged:
+            self._close_ping()
+            self._ping, theirs = socket.socketpair()
+            self._ping.setblocking(False)
+            argv += ["--ping-fd", str(theirs.fileno())]
+            fds += (theirs.fileno(),)
         try:
-            if self._listeners is not None:
-                listening = self._listeners.for_start()
-                argv += ["--listen-fd", str(listening.fileno())]
-                fds.append(listening.fileno())
-            if self._pinged:
-                self._close_ping()
-                self._ping, theirs = socket.socketpair()
-                self._ping.setblocking(False)
-                argv += ["--ping-fd", str(theirs.fileno())]
-                fds.append(theirs.fileno())
             self._proc = subprocess.Popen(
                 argv, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
-        finally:  # the child has its own copies
+        finally:
             if theirs is not None:
-                theirs.close()
-            if listening is not None and self._listeners is not None:
-                self._listeners.handed(listening)
+                theirs.close()  # the child has its own copy
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(self._settings)  # on a pipe: the settings may hold API keys
         self._proc.stdin.close()

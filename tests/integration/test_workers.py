@@ -159,8 +159,9 @@ def _keeper(gw: Proc, workers: dict[int, int]) -> int:
 
 
 def _kill_and_replace(gw: Proc, workers: dict[int, int], index: int) -> dict[int, int]:
-    """SIGKILL worker `index`; every request sent meanwhile is answered by the other one (the
-    replicas stay ready); back to two workers, the new one serving; the new worker pids."""
+    """SIGKILL worker `index`; every request sent meanwhile is answered (the replicas stay
+    ready; those the kernel gives the dead worker's socket wait for its successor); back to two
+    workers, the new one serving; the new worker pids."""
     dead = workers[index]
     os.kill(dead, signal.SIGKILL)
     during = asyncio.run(_chats(gw.url, list(range(16))))

@@ -1,6 +1,6 @@
-"""The workers' listening sockets on real ports: a socket of its own per worker start, the
-connections spread over them by the kernel, a taken port refused, and the shared mode's one
-socket."""
+"""The workers' listening sockets on real ports: a socket per worker on one port, connections
+spread over them by the kernel and queued while no worker accepts, a taken port refused, and
+the shared mode's one socket."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from grm_service.config import Settings, WorkerSockets
-from grm_service.workers.listen import Listeners
+from grm_service.workers.listen import listening_sockets
 
 
 def _settings(workers: int, mode: WorkerSockets, port: int = 0) -> Settings:
@@ -44,44 +44,22 @@ def _accepted(listening: list[socket.socket]) -> list[int]:
     return counts
 
 
-def test_each_worker_start_gets_a_socket_of_its_own_on_one_port(
+def test_a_socket_per_worker_on_one_port_and_a_burst_spread_over_them(
         opened: list[socket.socket]) -> None:
-    listeners = Listeners(_settings(4, WorkerSockets.PER_WORKER))
-    try:
-        starts = [listeners.for_start() for _ in range(4)]
-        opened += starts
-        assert len({s.fileno() for s in starts}) == 4
-        assert {s.getsockname()[1] for s in starts} == {listeners.port}
-        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for s in starts)
-        assert not any(s.get_inheritable() for s in starts)  # handed over by pass_fds only
-        for sock in starts:
-            sock.listen(128)
-        # A burst of connections, as a client's pool opens them: the kernel spreads them over
-        # the listening sockets (one shared socket leaves them to whichever worker wakes first).
-        clients = [socket.create_connection(("127.0.0.1", listeners.port)) for _ in range(64)]
-        opened += clients
-        counts = _accepted(starts)
-        assert sum(counts) == 64
-        assert min(counts) > 0, counts  # each of 4 gets none with probability ~4e-8
-    finally:
-        listeners.close()
-
-
-def test_a_handed_socket_is_the_workers_alone_and_a_dead_workers_takes_no_connection(
-        opened: list[socket.socket]) -> None:
-    listeners = Listeners(_settings(2, WorkerSockets.PER_WORKER))
-    try:
-        alive, dead = listeners.for_start(), listeners.for_start()
-        opened.append(alive)
-        alive.listen(128)
-        dead.listen(128)
-        listeners.handed(dead)  # the manager's copy closed: as when its worker has died
-        assert dead.fileno() == -1
-        clients = [socket.create_connection(("127.0.0.1", listeners.port)) for _ in range(16)]
-        opened += clients
-        assert _accepted([alive]) == [16]
-    finally:
-        listeners.close()
+    sockets = listening_sockets(_settings(4, WorkerSockets.PER_WORKER))
+    opened += sockets
+    assert len(sockets) == 4
+    port = sockets[0].getsockname()[1]
+    assert {s.getsockname()[1] for s in sockets} == {port}
+    assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for s in sockets)
+    assert not any(s.get_inheritable() for s in sockets)  # handed over by pass_fds only
+    # A burst of connections, as a client's pool opens them, before any worker accepts: each
+    # socket listens from the start, so none is refused, and the kernel spreads them (one
+    # shared socket leaves them to whichever worker wakes first).
+    opened += [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+    counts = _accepted(sockets)
+    assert sum(counts) == 64
+    assert min(counts) > 0, counts  # one of 4 gets none with probability ~4e-8
 
 
 def test_a_port_another_server_listens_on_is_refused(opened: list[socket.socket]) -> None:
@@ -91,19 +69,14 @@ def test_a_port_another_server_listens_on_is_refused(opened: list[socket.socket]
     other.bind(("127.0.0.1", 0))
     other.listen(8)
     port = other.getsockname()[1]
-    with pytest.raises(OSError):
-        Listeners(_settings(2, WorkerSockets.PER_WORKER, port))
-    with pytest.raises(OSError):
-        Listeners(_settings(2, WorkerSockets.SHARED, port))
+    for mode in WorkerSockets:
+        with pytest.raises(OSError):
+            listening_sockets(_settings(2, mode, port))
 
 
-def test_shared_mode_and_one_worker_hand_every_start_the_one_socket() -> None:
+def test_shared_mode_and_one_worker_bind_one_plain_socket(opened: list[socket.socket]) -> None:
     for settings in (_settings(4, WorkerSockets.SHARED), _settings(1, WorkerSockets.PER_WORKER)):
-        listeners = Listeners(settings)
-        try:
-            first = listeners.for_start()
-            listeners.handed(first)
-            assert listeners.for_start() is first and first.fileno() != -1  # kept open
-            assert not first.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
-        finally:
-            listeners.close()
+        sockets = listening_sockets(settings)
+        opened += sockets
+        assert len(sockets) == 1
+        assert not sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
