@@ -4,10 +4,10 @@ handed to the workers (worker i, at each of its starts, gets socket i % len(...)
 Why a socket per worker by default: on one shared socket, every worker is woken by a new
 connection and the first to run accepts all that are queued (libuv accepts until the queue is
 empty). A client that opens its connection pool in a burst (wrk, an HTTP client's pool) can land
-most of it on one worker: on 4 workers, 63 of 64 connections were seen on one. Kept alive, those
-connections stay there, and the other workers idle. With SO_REUSEPORT each worker has a socket of
-its own on the port, and the kernel hashes each new connection's addresses onto one of them: the
-spread is the hash's, the same for a burst as for a trickle.
+most of it on one worker (on 4 workers, one did 97 % of a round's work: benchmarks/RESULTS.md).
+Kept alive, those connections stay there, and the other workers idle. With SO_REUSEPORT each
+worker has a socket of its own on the port, and the kernel hashes each new connection's
+addresses onto one of them: the spread is the hash's, the same for a burst as for a trickle.
 
 The manager keeps every socket open and listening from the start: a connection the kernel gives
 a worker that is starting or restarting waits in its socket's queue and is served once the
