@@ -12,7 +12,8 @@ addresses onto one of them: the spread is the hash's, the same for a burst as fo
 The manager keeps every socket open and listening from the start: a connection the kernel gives
 a worker that is starting or restarting waits in its socket's queue and is served once the
 worker is up (with a shared socket the other workers would take it at once; with a socket bound
-afresh per start, a moment when no worker listens would refuse it).
+afresh per start, a moment when no worker listens would refuse it). So does one given to a hung
+worker, until the liveness ping has it killed (`worker_ping_timeout_s`) and its successor is up.
 """
 
 from __future__ import annotations
