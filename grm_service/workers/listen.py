@@ -19,6 +19,7 @@ worker, until the liveness ping has it killed (`worker_ping_timeout_s`) and its 
 from __future__ import annotations
 
 import socket
+import sys
 
 from grm_service.config import Settings, WorkerSockets
 
@@ -31,7 +32,10 @@ def listening_sockets(settings: Settings) -> list[socket.socket]:
     first worker's server to listen on). None is inheritable: each is handed over explicitly
     (pass_fds)."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    if settings.worker_sockets is WorkerSockets.SHARED or settings.workers == 1:
+    # Linux spreads connections over a port's SO_REUSEPORT sockets; elsewhere (macOS, the BSDs'
+    # plain SO_REUSEPORT) one socket may take them all.
+    shared = settings.worker_sockets is WorkerSockets.SHARED or sys.platform != "linux"
+    if shared or settings.workers == 1:
         return [_bound(family, settings.host, settings.port, reuse_port=False)]
     if settings.port:
         # SO_REUSEPORT alone would join another server's group on the port (same user) and
