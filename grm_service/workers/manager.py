@@ -100,7 +100,7 @@ class Manager:
         self.run_dir = run_dir
         self._signals = 0
         self._fatal = False
-        self._port = sockets[0].getsockname()[1]
+        self._port, self._listening = sockets[0].getsockname()[1], len(sockets)
         env = {**os.environ, MULTIPROCESS_ENV: str(metrics_dir(run_dir))}
         payload = settings.model_dump_json().encode()
         common = ["--run-dir", str(run_dir), "--parent", str(os.getpid()), "--log-level",
@@ -121,9 +121,9 @@ class Manager:
         self._signals += 1  # only record: the loop acts
 
     def run(self) -> int:
-        log.info("serving on http://%s:%d with %d workers (%s sockets) and a keeper (run dir %s)",
-                 self.settings.host, self._port, len(self.workers),
-                 self.settings.worker_sockets.value, self.run_dir)
+        log.info("serving on http://%s:%d with %d workers on %d listening socket(s) and a keeper "
+                 "(run dir %s)", self.settings.host, self._port, len(self.workers),
+                 self._listening, self.run_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         for child in self._children:
@@ -156,7 +156,7 @@ class Manager:
         del self._due[child.name]
         try:
             child.start()
-        except OSError as err:  # its socket or its pipes (out of descriptors): try again
+        except OSError as err:  # no pipe or process to be had (out of descriptors): try again
             log.error("%s could not be started again: %s; next try in 1 s", child.name, err)
             self._due[child.name] = now + 1.0
 
