@@ -70,7 +70,8 @@ class Contender:
         return sum(u for u, _ in splits) + system, system
 
     def per_process(self) -> dict[int, float]:
-        """CPU seconds of each process of the contender (its descendants included)."""
+        """CPU seconds of each of the contender's processes and of their descendants, one
+        by one (a manager, its keeper and each worker apart)."""
         return {pid: procs.cpu_seconds(pid, alone=True)
                 for p in self.procs for pid in [p.pid, *procs.descendants(p.pid)]}
 

@@ -140,7 +140,8 @@ class Manager:
         for child in self._children:
             if child.name in self._due:
                 if now >= self._due[child.name]:
-                    self._start_again(child, now)
+                    del self._due[child.name]
+                    child.start()
                 continue
             code = child.returncode()
             if code is not None:
@@ -151,14 +152,6 @@ class Manager:
                      else max(_FIRST_PONG_S, self.settings.worker_ping_timeout_s))
             if child.unanswered_s(now) > limit:
                 self._hung(child, limit, now)
-
-    def _start_again(self, child: ChildProcess, now: float) -> None:
-        del self._due[child.name]
-        try:
-            child.start()
-        except OSError as err:  # no pipe or process to be had (out of descriptors): try again
-            log.error("%s could not be started again: %s; next try in 1 s", child.name, err)
-            self._due[child.name] = now + 1.0
 
     def _hung(self, child: ChildProcess, limit: float, now: float) -> None:
         log.error("%s (pid %s) has not answered a ping for %.1f s: killed", child.name,
