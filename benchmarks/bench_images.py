@@ -11,6 +11,10 @@ and scanner noise (~2 MB). For each:
   request carrying the image, sent one at a time over a kept-alive connection to a gateway in
   attach mode on two STUB replicas; `--before DIR` adds the same run of the `grm_service`
   package in DIR (e.g. a checkout of main) as the "before" column;
+- **byte floor**: the same measure for `byte_floor.py`, a server that does only the body's byte
+  work over the same sockets (read into one buffer, crc32, blake3, the image's base64 decode,
+  forwarded in one write): what hashing and copying the bytes cost, the bound the gateway's
+  column is read against;
 - **steps** (second table): CPU per call of each whole-body step of the hot path, as each
   tree's own code runs it, in a child interpreter per tree: the JSON shape bound, the parse,
   the image check, the canonical JSON, its crc32 (routing key) and blake3 (request digest).
@@ -276,6 +280,7 @@ def main() -> None:
             trees = {"before": args.before.resolve(), **trees}
         gateways = {label: start_gateway(f, urls, f"grm-{label}", src)
                     for label, src in trees.items()}
+        floor = procs.start_floor(f, urls[0])
         steps = {(name, label): steps_in_child(src, name)
                  for name in pictures for label, src in trees.items()}
         for name, raw in pictures.items():
@@ -289,6 +294,7 @@ def main() -> None:
             count = args.requests if len(raw) < 500_000 else max(20, args.requests // 4)
             for label, gateway in gateways.items():
                 row[f"gateway_{label}_ms"] = gateway_cpu_ms(gateway, encoded, count)
+            row["byte_floor_ms"] = gateway_cpu_ms(floor, encoded, count)
             rows.append(row)
             if args.perf:
                 profiles[name] = perf_profile(gateways["after"], encoded, args.perf_seconds)
@@ -313,7 +319,7 @@ def print_check_sizes() -> None:
 
 def print_table(rows: list[dict[str, object]], labels: list[str]) -> None:
     columns = ["image", "png_kb", "body_kb", "check_before_ms", "check_after_ms",
-               *[f"gateway_{label}_ms" for label in labels]]
+               *[f"gateway_{label}_ms" for label in labels], "byte_floor_ms"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

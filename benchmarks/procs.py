@@ -232,6 +232,16 @@ def start_lean(f: Fleet, backends: list[str]) -> Proc:
     return proc
 
 
+def start_floor(f: Fleet, backend: str) -> Proc:
+    """byte_floor.py: a large body's byte work (copies, crc32, blake3, base64) and nothing else."""
+    port = free_port()
+    argv = [str(MAIN_PY), str(REPO / "benchmarks" / "byte_floor.py"), "--port", str(port),
+            "--backend-url", backend]
+    proc = f.spawn("byte-floor", argv, f"http://127.0.0.1:{port}")
+    wait_ready(proc, "/health")
+    return proc
+
+
 def start_vllm_router(f: Fleet, backends: list[str]) -> Proc:
     port = free_port()
     argv = [str(PEERS_BIN / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
