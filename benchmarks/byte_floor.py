@@ -19,18 +19,15 @@ routes and digests the body it forwards, not a design.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ctypes
-import socket
-import sys
 from urllib.parse import urlsplit
 
 import blake3
-import httptools
 import pybase64
 import uvloop
 from isal import isal_zlib
+from lean_proxy import Upstream, arguments, serve
 
 _HEAD_BYTES = 1 << 16
 # A buffer the reads fill at once: `bytearray(n)` would zero it first (as the gateway avoids).
@@ -50,36 +47,12 @@ def byte_work(body: bytearray) -> None:
         pybase64.b64decode(memoryview(body)[comma + 1:end], validate=True)
 
 
-class _Upstream(asyncio.Protocol):
-    """One kept-alive connection to the replica, one request at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.body: list[bytes] = []
-        self.waiter: asyncio.Future[bytes] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        answer, self.body = b"".join(self.body), []
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(answer)
-
-
 class _Client(asyncio.BufferedProtocol):
     """Reads a request's head into a small buffer, then its body straight into its own."""
 
     def __init__(self, replica: tuple[str, int], head: bytes) -> None:
         self.replica, self.head = replica, head
-        self.upstream: _Upstream | None = None
+        self.upstream: Upstream | None = None
         self.transport: asyncio.Transport | None = None
         self.small = bytearray(_HEAD_BYTES)
         self.filled = 0
@@ -128,12 +101,12 @@ class _Client(asyncio.BufferedProtocol):
         byte_work(body)
         if self.upstream is None:
             _, self.upstream = await asyncio.get_running_loop().create_connection(
-                _Upstream, *self.replica)
+                Upstream, *self.replica)
         upstream = self.upstream
         assert upstream.transport is not None
         upstream.waiter = asyncio.get_running_loop().create_future()
         upstream.transport.writelines((self.head, str(len(body)).encode(), b"\r\n\r\n", body))
-        self._reply(await upstream.waiter)
+        self._reply((await upstream.waiter)[1])
 
     def _reply(self, answer: bytes) -> None:
         assert self.transport is not None
@@ -141,29 +114,13 @@ class _Client(asyncio.BufferedProtocol):
                              b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
 
 
-async def _main(port: int, url: str) -> None:
-    parts = urlsplit(url)
-    loop = asyncio.get_running_loop()
+def main() -> None:
+    args = arguments(__doc__)
+    parts = urlsplit(args.backend_url[0])
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {parts.netloc}\r\n"
             "content-type: application/json\r\ncontent-length: ").encode()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-
     replica = (parts.hostname or "127.0.0.1", parts.port or 80)
-    server = await loop.create_server(lambda: _Client(replica, head), sock=sock, backlog=128)
-    sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
-    sys.stdout.flush()
-    await server.serve_forever()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--backend-url", action="append", required=True)
-    args = parser.parse_args()
-    uvloop.run(_main(args.port, args.backend_url[0]))
+    uvloop.run(serve(args.port, lambda: _Client(replica, head)))
 
 
 if __name__ == "__main__":

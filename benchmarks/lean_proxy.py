@@ -23,6 +23,7 @@ import json
 import socket
 import sys
 import zlib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,8 +36,8 @@ MAX_TOKENS = 256
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-class _Upstream(asyncio.Protocol):
-    """One kept-alive connection to a replica, one request at a time."""
+class Upstream(asyncio.Protocol):
+    """One kept-alive connection to a replica, one request at a time (byte_floor.py's too)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -74,7 +75,7 @@ class _Replica:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {parts.netloc}\r\n"
                      "content-type: application/json\r\ncontent-length: ")
-        self.idle: list[_Upstream] = []
+        self.idle: list[Upstream] = []
 
     async def post(self, data: bytes) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
@@ -83,7 +84,7 @@ class _Replica:
         if self.idle:
             conn = self.idle.pop()
         else:
-            _, conn = await loop.create_connection(_Upstream, self.host, self.port)
+            _, conn = await loop.create_connection(Upstream, self.host, self.port)
         conn.waiter = loop.create_future()
         assert conn.transport is not None
         conn.transport.write(f"{self.head}{len(data)}\r\n\r\n".encode() + data)
@@ -171,27 +172,33 @@ class _Client(asyncio.Protocol):
             self.transport.close()
 
 
-async def _main(port: int, urls: list[str]) -> None:
+async def serve(port: int, factory: Callable[[], asyncio.BaseProtocol]) -> None:
+    """Serve `factory`'s protocols on 127.0.0.1:`port` (0: a free one, printed as `PORT n`)
+    until killed (byte_floor.py's too)."""
     # Bound with IPPROTO_TCP, as stub_openai.listening says why (not imported: the floor loads
     # nothing of the product): TCP_NODELAY on accepted sockets.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
-    proxy = Proxy(urls)
-    server = await asyncio.get_running_loop().create_server(lambda: _Client(proxy), sock=sock,
-                                                            backlog=1024)
+    server = await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=1024)
     sys.stdout.write(f"PORT {sock.getsockname()[1]}\n")
     sys.stdout.flush()
     await server.serve_forever()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+def arguments(doc: str | None) -> argparse.Namespace:
+    """`--port` and the replicas' `--backend-url`s (byte_floor.py's too)."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--backend-url", action="append", required=True)
-    args = parser.parse_args()
-    uvloop.run(_main(args.port, args.backend_url))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    proxy = Proxy(args.backend_url)
+    uvloop.run(serve(args.port, lambda: _Client(proxy)))
 
 
 if __name__ == "__main__":
