@@ -9,6 +9,7 @@ it, so a request the exchange leaves to uvicorn shows up there, body included.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 from typing import Any, cast
@@ -23,7 +24,7 @@ from uvicorn.server import ServerState
 from grm_service.config import Settings
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
-from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
+from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol, body_buffer
 from grm_service.gateway.edge.protocol_check import missing, protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
@@ -300,6 +301,27 @@ async def test_a_body_over_many_reads_then_the_next_request_in_its_last_read(
     again = await conn.send(post(CHAT, body), post(CHAT, b"{}"))
     assert conn.hot.served[-2:] == [(CHAT, body), (CHAT, b"{}")]
     assert again.count(b"HTTP/1.1 200 OK\r\n") == 2 and conn.state.total_requests == 4
+
+
+async def test_a_large_body_read_into_a_buffer_with_its_data_url_on_a_word_boundary(
+    conn: Connection,
+) -> None:
+    """The buffer a large body is read into starts where the first data URL's text falls on a
+    word boundary (CPython's ASCII decoder then copies it in one pass); the body is the same."""
+    for lead in range(9):
+        body = (b'{"pad": "' + b"p" * lead + b'", "url": "data:image/png;base64,' +
+                b"QUJD" * 10_000 + b'"}')
+        await conn.send(post(CHAT, body)[:300], post(CHAT, body)[300:])
+        served = conn.hot.served[-1][1]
+        assert served == body and isinstance(served, bytearray) and len(served) == len(body)
+        text = body.find(b'"data:') + 1
+        assert ctypes.addressof(ctypes.c_char.from_buffer(served, text)) % 8 == 0
+
+
+def test_a_body_buffer_without_a_data_url_is_as_asked() -> None:
+    for size in (1, 20_000, 3_000_000):
+        assert len(body_buffer(size, b'{"messages": [')) == size
+        assert len(body_buffer(size, b'{"url": "data:')) == size
 
 
 async def test_a_client_gone_before_the_answer_gets_nothing_written(conn: Connection) -> None:
