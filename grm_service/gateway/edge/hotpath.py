@@ -79,12 +79,14 @@ _DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 _STRICT = msgspec.json.Decoder()
 
 
-def load_json(raw: bytes | bytearray, lifted: longstrings.Lifted | None = None) -> Any:
+def load_json(raw: bytes | bytearray, lifted: longstrings.Lifted | None = None,
+              escaped: bool = True) -> Any:
     """The body as Python values, or NotPlain: invalid UTF-8/JSON, non-finite numbers.
-    Long strings (images) are parsed by copying them, and noted in `lifted`."""
+    Long strings (images) are parsed by copying them, and noted in `lifted`. `escaped=False`:
+    `raw` holds no backslash."""
     try:
         if len(raw) >= longstrings.LONG:
-            return longstrings.loads(raw, _finite, lifted)
+            return longstrings.loads(raw, _finite, lifted, escaped)
         try:
             return _STRICT.decode(raw)
         except (msgspec.DecodeError, RecursionError):
@@ -93,10 +95,10 @@ def load_json(raw: bytes | bytearray, lifted: longstrings.Lifted | None = None) 
         raise NotPlain from None
 
 
-def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int) -> None:
+def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int, escaped: bool) -> None:
     """Guards' shape bounds, before any parser recurses into the body; FastAPI words a refusal."""
     try:
-        check_json_shape(raw, max_depth, max_values)
+        check_json_shape(raw, max_depth, max_values, escaped)
     except GrmError:
         raise NotPlain from None
 
@@ -154,9 +156,11 @@ class HotPath:
         take it (a body that does not parse)."""
         start = time.perf_counter()
         try:
-            _bounded(raw, self.max_depth, self.max_values)
+            # One pass for a backslash, which the surrogate check and the parse both ask about.
+            escaped = raw.find(b"\\") >= 0
+            _bounded(raw, self.max_depth, self.max_values, escaped)
             lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
-            body = load_json(raw, lifted)
+            body = load_json(raw, lifted, escaped)
         except NotPlain:
             return None
         try:

@@ -202,14 +202,16 @@ def check_shared_size(name: str, value: Any) -> None:
                         "(it is copied into every item's request)")
 
 
-def check_json_shape(raw: bytes | bytearray, max_depth: int, max_values: int) -> None:
+def check_json_shape(raw: bytes | bytearray, max_depth: int, max_values: int,
+                     escaped: bool | None = None) -> None:
     """Bound nesting and value count of a JSON body on its bytes, before it is parsed, and
     refuse lone surrogates (`surrogates.py`): what every edge checks of every body it reads.
+    `escaped`: whether `raw` holds a backslash, where the caller has looked.
 
     Runs at memchr speed on the bodies that matter for cost (a few long strings: images);
     a body of many small strings costs about a tenth of its parse.
     """
-    check_surrogates(raw)
+    check_surrogates(raw, escaped)
     if len(raw) <= _SMALL_BODY and raw.count(b"{") + raw.count(b"[") <= max_depth:
         return  # depth <= brackets, values < bytes: nothing to scan
     values, depth = json_shape(raw)

@@ -29,8 +29,9 @@ _ESCAPED = re.compile(
     rb"|[dD][c-fC-F][0-9a-fA-F]{2})")
 
 
-def check_surrogates(raw: bytes | bytearray) -> None:
-    """InvalidRequest naming the first lone surrogate in `raw`, escaped or encoded."""
+def check_surrogates(raw: bytes | bytearray, escaped: bool | None = None) -> None:
+    """InvalidRequest naming the first lone surrogate in `raw`, escaped or encoded. `escaped`:
+    whether `raw` holds a backslash, where the caller has looked (None: look here)."""
     # `find`, not `in`, for every test of bytes in bytes on the request path: `in` first tries
     # the needle as an int, and formats (then drops) a TypeError for each bytes needle.
     if raw.find(b"\xed") >= 0:
@@ -39,7 +40,9 @@ def check_surrogates(raw: bytes | bytearray) -> None:
             raise InvalidRequest(
                 f"body byte {found.start()}: {found.group().hex(' ').upper()} ... is a UTF-16 "
                 "surrogate encoded as UTF-8, which is not valid UTF-8: send the text as UTF-8")
-    at = _lone_escape(raw) if raw.find(b"\\") >= 0 else None
+    if escaped is None:
+        escaped = raw.find(b"\\") >= 0
+    at = _lone_escape(raw) if escaped else None
     if at is not None:
         escape = raw[at:at + 6].decode("ascii", "replace")
         raise InvalidRequest(

@@ -184,6 +184,21 @@ def test_loads_is_json_loads(body: Any) -> None:
                             outcome(lambda r=raw: reference_loads(r)))
 
 
+@SLOW
+@given(BODIES)
+def test_told_there_is_no_backslash_loads_is_json_loads(body: Any) -> None:
+    """The hot path looks for a backslash once and tells `loads`; where there is none, the
+    answer is json's, and the same strings are lifted."""
+    for raw in _texts(body):
+        if raw.find(b"\\") >= 0:
+            continue
+        told, looked = longstrings.Lifted(), longstrings.Lifted()
+        got = outcome(lambda r=raw, t=told: longstrings.loads(r, lifted=t, escaped=False))
+        assert same_outcome(got, outcome(lambda r=raw: reference_loads(r)))
+        assert same_outcome(got, outcome(lambda r=raw, t=looked: longstrings.loads(r, lifted=t)))
+        assert len(told._by_id) == len(looked._by_id)
+
+
 def _parsed_then_canonical(raw: bytes, change: Callable[[Any], Any]) -> bytes:
     lifted = longstrings.Lifted()
     return canonical(change(longstrings.loads(raw, lifted=lifted)), lifted)
