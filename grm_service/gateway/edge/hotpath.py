@@ -80,13 +80,13 @@ _STRICT = msgspec.json.Decoder()
 
 
 def load_json(raw: bytes | bytearray, lifted: longstrings.Lifted | None = None,
-              escaped: bool = True) -> Any:
+              escaped: bool = True, strings: list[tuple[int, int]] | None = None) -> Any:
     """The body as Python values, or NotPlain: invalid UTF-8/JSON, non-finite numbers.
     Long strings (images) are parsed by copying them, and noted in `lifted`. `escaped=False`:
-    `raw` holds no backslash."""
+    `raw` holds no backslash; `strings`: where its long strings are (`_bounded`)."""
     try:
         if len(raw) >= longstrings.LONG:
-            return longstrings.loads(raw, _finite, lifted, escaped)
+            return longstrings.loads(raw, _finite, lifted, escaped, strings)
         try:
             return _STRICT.decode(raw)
         except (msgspec.DecodeError, RecursionError):
@@ -95,10 +95,12 @@ def load_json(raw: bytes | bytearray, lifted: longstrings.Lifted | None = None,
         raise NotPlain from None
 
 
-def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int, escaped: bool) -> None:
-    """Guards' shape bounds, before any parser recurses into the body; FastAPI words a refusal."""
+def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int,
+             escaped: bool) -> list[tuple[int, int]] | None:
+    """Guards' shape bounds, before any parser recurses into the body; FastAPI words a refusal.
+    Where the body's long strings are, where the bounds' scan found them."""
     try:
-        check_json_shape(raw, max_depth, max_values, escaped)
+        return check_json_shape(raw, max_depth, max_values, escaped)
     except GrmError:
         raise NotPlain from None
 
@@ -156,11 +158,12 @@ class HotPath:
         take it (a body that does not parse)."""
         start = time.perf_counter()
         try:
-            # One pass for a backslash, which the surrogate check and the parse both ask about.
+            # One pass for a backslash, which the surrogate check and the parse both ask
+            # about, and one for the strings, which the shape bound and the parse both need.
             escaped = raw.find(b"\\") >= 0
-            _bounded(raw, self.max_depth, self.max_values, escaped)
+            strings = _bounded(raw, self.max_depth, self.max_values, escaped)
             lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
-            body = load_json(raw, lifted, escaped)
+            body = load_json(raw, lifted, escaped, strings)
         except NotPlain:
             return None
         try:

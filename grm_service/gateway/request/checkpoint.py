@@ -42,6 +42,7 @@ from itertools import accumulate
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from grm_service.canonical import LONG
 from grm_service.config import Settings
 from grm_service.errors import (
     ConfigError,
@@ -203,29 +204,36 @@ def check_shared_size(name: str, value: Any) -> None:
 
 
 def check_json_shape(raw: bytes | bytearray, max_depth: int, max_values: int,
-                     escaped: bool | None = None) -> None:
+                     escaped: bool | None = None) -> list[tuple[int, int]] | None:
     """Bound nesting and value count of a JSON body on its bytes, before it is parsed, and
     refuse lone surrogates (`surrogates.py`): what every edge checks of every body it reads.
     `escaped`: whether `raw` holds a backslash, where the caller has looked.
 
     Runs at memchr speed on the bodies that matter for cost (a few long strings: images);
-    a body of many small strings costs about a tenth of its parse.
+    a body of many small strings costs about a tenth of its parse. Returns the insides
+    (start, end) of the body's strings of `LONG` bytes or more where the scan went string by
+    string (a body of few strings), for the parse (`longstrings.loads`); else None.
     """
     check_surrogates(raw, escaped)
     if len(raw) <= _SMALL_BODY and raw.count(b"{") + raw.count(b"[") <= max_depth:
-        return  # depth <= brackets, values < bytes: nothing to scan
-    values, depth = json_shape(raw)
+        return None  # depth <= brackets, values < bytes: nothing to scan
+    outside, long_strings = _outside_strings(raw)
+    values, depth = _shape_of(outside)
     if values > max_values:
         raise TooLarge(f"body has about {values} JSON values; the limit is {max_values} "
                        "(GRM_MAX_JSON_VALUES)")
     if depth > max_depth:
         raise OverLimit(f"body nests {depth} levels deep; the limit is {max_depth} "
                         "(GRM_MAX_JSON_DEPTH)")
+    return long_strings
 
 
 def json_shape(raw: bytes | bytearray) -> tuple[int, int]:
     """(an upper bound on values and keys, the nesting depth) of a JSON text."""
-    outside = _outside_strings(raw)
+    return _shape_of(_outside_strings(raw)[0])
+
+
+def _shape_of(outside: bytes) -> tuple[int, int]:
     # A value after the first in a container follows a comma, a key precedes a colon.
     values = outside.count(b",") + outside.count(b":") + outside.count(b"{") + \
         outside.count(b"[") + 1
@@ -238,22 +246,26 @@ _SMALL_BODY = 4096
 _FEW_STRINGS = 256
 
 
-def _outside_strings(raw: bytes | bytearray) -> bytes:
+def _outside_strings(raw: bytes | bytearray) -> tuple[bytes, list[tuple[int, int]] | None]:
     """The JSON text without its strings (quotes and insides), so brackets and commas left
-    are structure."""
+    are structure; and the insides of its closed strings of `LONG` bytes or more, where every
+    string was found one by one (else None)."""
     pieces: list[bytes | bytearray] = []
+    long_strings: list[tuple[int, int]] = []
     pos = 0
     for _ in range(_FEW_STRINGS):
         start = raw.find(b'"', pos)
         if start == -1:
             pieces.append(raw[pos:])
-            return b"".join(pieces)
+            return b"".join(pieces), long_strings
         pieces.append(raw[pos:start])
         pos = _string_end(raw, start + 1) + 1
+        if pos - start - 2 >= LONG and pos <= len(raw):
+            long_strings.append((start + 1, pos - 1))
     rest = raw[pos:]
     if b"\\" in rest:  # escapes first: an escaped quote does not end a string
         rest = rest.replace(b"\\\\", b"").replace(b'\\"', b"")
-    return b"".join(pieces) + b"".join(rest.split(b'"')[::2])
+    return b"".join(pieces) + b"".join(rest.split(b'"')[::2]), None
 
 
 def _string_end(raw: bytes | bytearray, pos: int) -> int:

@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 from grm_service import fingerprint
 from grm_service.canonical import KnownBytes, canonical_json, canonical_parts
+from grm_service.errors import GrmError
 from grm_service.gateway.request import longstrings, router
+from grm_service.gateway.request.checkpoint import check_json_shape
 from grm_service.gateway.request.longstrings import LONG
 
 # Fixed bytes: the test ids carry them, and xdist's workers must collect the same ids.
@@ -186,17 +188,37 @@ def test_loads_is_json_loads(body: Any) -> None:
 
 @SLOW
 @given(BODIES)
-def test_told_there_is_no_backslash_loads_is_json_loads(body: Any) -> None:
-    """The hot path looks for a backslash once and tells `loads`; where there is none, the
-    answer is json's, and the same strings are lifted."""
+def test_told_what_the_hot_paths_scans_found_loads_is_json_loads(body: Any) -> None:
+    """The hot path looks for a backslash once, and the shape bound finds the long strings;
+    told both, `loads` answers as json does, and lifts what it lifts when it looks itself."""
     for raw in _texts(body):
-        if raw.find(b"\\") >= 0:
+        try:
+            strings = check_json_shape(raw, 10**6, 10**9)
+        except GrmError:  # a lone surrogate: refused before any parse
             continue
+        escaped = raw.find(b"\\") >= 0
         told, looked = longstrings.Lifted(), longstrings.Lifted()
-        got = outcome(lambda r=raw, t=told: longstrings.loads(r, lifted=t, escaped=False))
+        got = outcome(lambda r=raw, t=told, s=strings, e=escaped:
+                      longstrings.loads(r, lifted=t, escaped=e, strings=s))
         assert same_outcome(got, outcome(lambda r=raw: reference_loads(r)))
         assert same_outcome(got, outcome(lambda r=raw, t=looked: longstrings.loads(r, lifted=t)))
-        assert len(told._by_id) == len(looked._by_id)
+        if strings is not None:
+            assert len(told._by_id) >= len(looked._by_id)
+
+
+def test_the_shape_bound_finds_the_long_strings_the_parse_lifts() -> None:
+    raw = b'{"a": "x", "b": ["' + IMAGE.encode() + b'", "' + b"t" * LONG + b'"], "c": "y"}'
+    first = raw.find(IMAGE.encode())
+    second = raw.find(b"t" * LONG)
+    strings = check_json_shape(raw, 64, 1000)
+    assert strings == [(first, first + len(IMAGE)), (second, second + LONG)]
+    lifted = longstrings.Lifted()
+    body = longstrings.loads(raw, lifted=lifted, escaped=False, strings=strings)
+    assert body == json.loads(raw)
+    assert lifted.bytes_of(body["b"][0]) == IMAGE.encode()
+    assert lifted.bytes_of(body["b"][1]) == b"t" * LONG
+    many = b"[" + b'"s",' * 300 + b'"' + IMAGE.encode() + b'"]'
+    assert check_json_shape(many, 64, 1000) is None  # past the strings found one by one
 
 
 def _parsed_then_canonical(raw: bytes, change: Callable[[Any], Any]) -> bytes:
