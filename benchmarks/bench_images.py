@@ -156,6 +156,18 @@ def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
     return used / requests * 1e3
 
 
+def measured_in_rounds(servers: dict[str, procs.Proc], body: bytes, requests: int,
+                       rounds: int) -> dict[str, list[float]]:
+    """`gateway_cpu_ms` of each server, `rounds` times, in an order rotated each round (this
+    machine's speed drifts over a run: a fixed order would favour one side)."""
+    samples: dict[str, list[float]] = {column: [] for column in servers}
+    order = list(servers)
+    for r in range(rounds):
+        for column in order[r % len(order):] + order[:r % len(order)]:
+            samples[column].append(gateway_cpu_ms(servers[column], body, requests))
+    return samples
+
+
 def perf_profile(gateway: procs.Proc, body: bytes, seconds: float, top: int = 20) -> str:
     """User and system CPU per request, and perf's top symbols (by own samples), while the
     gateway serves `body` one request at a time for `seconds`."""
@@ -254,6 +266,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None,
                         help="folder holding the grm_service package to compare against")
     parser.add_argument("--requests", type=int, default=200, help="per image (page: a quarter)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each server this many times per image, the order rotated "
+                        "each round; the tables give medians, the spread is printed after them")
     parser.add_argument("--perf", action="store_true",
                         help="profile the checkout's gateway per image with perf (see above)")
     parser.add_argument("--perf-seconds", type=float, default=6.0)
@@ -272,6 +287,7 @@ def main() -> None:
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))
     rows = []
     profiles: dict[str, str] = {}
+    spreads: dict[str, dict[str, list[float]]] = {}
     with procs.fleet() as f:
         stubs = [procs.start_stub(f, i) for i in range(2)]
         urls = [s.url for s in stubs]
@@ -292,13 +308,20 @@ def main() -> None:
                    "check_after_ms": cpu_per_call(
                        lambda b=body: check_body("/v1/chat/completions", b, limits), calls) * 1e3}
             count = args.requests if len(raw) < 500_000 else max(20, args.requests // 4)
-            for label, gateway in gateways.items():
-                row[f"gateway_{label}_ms"] = gateway_cpu_ms(gateway, encoded, count)
-            row["byte_floor_ms"] = gateway_cpu_ms(floor, encoded, count)
+            servers = {f"gateway_{label}_ms": g for label, g in gateways.items()}
+            servers["byte_floor_ms"] = floor
+            samples = measured_in_rounds(servers, encoded, count, args.rounds)
+            row.update({column: statistics.median(ms) for column, ms in samples.items()})
+            spreads[name] = samples
             rows.append(row)
             if args.perf:
                 profiles[name] = perf_profile(gateways["after"], encoded, args.perf_seconds)
     print_table(rows, list(gateways))
+    if args.rounds > 1:
+        for name, samples in spreads.items():
+            print(f"{name}, each round (ms): " + "; ".join(
+                f"{column.removesuffix('_ms')} " + " / ".join(f"{ms:.2f}" for ms in values)
+                for column, values in samples.items()))
     print_steps(steps, list(pictures), list(gateways))
     for name, profile in profiles.items():
         print(f"\n{name}, the checkout's gateway under perf:\n{profile}")
