@@ -105,6 +105,18 @@ def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int,
         raise NotPlain from None
 
 
+def parse(raw: bytes | bytearray, max_depth: int,
+          max_values: int) -> tuple[Any, longstrings.Lifted | None]:
+    """The body within the shape bounds, as Python values, and the long strings lifted out of
+    its parse; NotPlain where FastAPI must take it."""
+    # One pass for a backslash, which the surrogate check and the parse both ask about, and one
+    # for the strings, which the shape bound and the parse both need.
+    escaped = raw.find(b"\\") >= 0
+    strings = _bounded(raw, max_depth, max_values, escaped)
+    lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
+    return load_json(raw, lifted, escaped, strings), lifted
+
+
 # ---- the ASGI app ---------------------------------------------------------------------------
 
 class HotPath:
@@ -158,12 +170,7 @@ class HotPath:
         take it (a body that does not parse)."""
         start = time.perf_counter()
         try:
-            # One pass for a backslash, which the surrogate check and the parse both ask
-            # about, and one for the strings, which the shape bound and the parse both need.
-            escaped = raw.find(b"\\") >= 0
-            strings = _bounded(raw, self.max_depth, self.max_values, escaped)
-            lifted = longstrings.Lifted() if len(raw) >= longstrings.LONG else None
-            body = load_json(raw, lifted, escaped, strings)
+            body, lifted = parse(raw, self.max_depth, self.max_values)
         except NotPlain:
             return None
         try:
