@@ -314,8 +314,9 @@ def _unfilled(size: int) -> bytearray:
 
 # The parse makes a `str` of an image's data URL (`longstrings.loads`). CPython's ASCII decoder
 # copies word by word, checking as it copies, only where the text starts on a word boundary;
-# elsewhere it checks the whole text, then copies it: 285 against 185 us for a 2.7 MB page scan
-# (benchmarks/RESULTS.md). The body's buffer is placed to give the first data URL that start.
+# elsewhere it checks the whole text, then copies it (the parse's lift of a 2.7 MB page scan:
+# ~290 against ~210 us, benchmarks/RESULTS.md). The body's buffer is placed to give the first
+# data URL that start.
 _WORD = 8
 _DATA_URL = b'"data:'
 
