@@ -24,11 +24,11 @@
 # 10. the curve with each worker on a listening socket of its own (the default) against one
 #     socket all workers accept on (PARTS="spread"), each worker's share of the gateway's CPU
 #     kept (how evenly the connections spread), c = 64 and 256, with 8 independent gateways
-#     and vllm-router.
+#     and vllm-router; SPREAD_WORKERS and SPREAD_C narrow it where device time is short.
 #
 #   KIT=DIR [BEFORE=DIR] [PARTS="topology fast app waits idle gate bisect gate-ab curve-ab
 #       waits-ab curve perworker busy spread"] [TAG=name] [BUSY=7] [ROUNDS=3]
-#       bash benchmarks/gpu/run_scaling.sh
+#       [SPREAD_WORKERS="1 2 4 8"] [SPREAD_C="64 256"] bash benchmarks/gpu/run_scaling.sh
 #
 # KIT as for run_workers.sh. Results go to $OUT.
 set -u -o pipefail
@@ -90,6 +90,9 @@ if part busy; then
         done
     done
 fi
-part spread && bench "spread-$TAG" 420 --contenders vllm-router --gateway-workers 1 2 4 8 \
+# shellcheck disable=SC2086  # the two lists are word-split on purpose
+part spread && bench "spread-$TAG" 420 --contenders vllm-router \
+    --gateway-workers ${SPREAD_WORKERS:-1 2 4 8} \
     --gateway-workers-env shared=GRM_WORKER_SOCKETS=shared --workers 8 --replicas 4 \
-    --fast-stubs --concurrency 64 256 --rounds 3 --duration 4 --pair-with grm-service-w1
+    --fast-stubs --concurrency ${SPREAD_C:-64 256} --rounds 3 --duration 4 \
+    --pair-with grm-service-w1
