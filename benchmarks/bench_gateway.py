@@ -319,7 +319,7 @@ def main() -> None:
     if args.pair_with:
         table += "\n" + paired(runs, args.pair_with)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
-                       f"{_cpus()} CPUs, shared with other engineers' vLLM jobs",
+                       f"{_cpus()} CPUs",
             "replicas": args.replicas, "stub_delay_s": args.stub_delay,
             "fast_stubs": args.fast_stubs, "rounds": args.rounds,
             "duration_s": args.duration,
