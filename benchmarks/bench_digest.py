@@ -20,7 +20,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from cpu_inprocess import _logprobs_answer
+from stub_server import logprobs_answer
 
 from grm_service.canonical import canonical_json, canonical_value
 from grm_service.fingerprint import produced
@@ -36,11 +36,11 @@ def _with_top(value: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
 
 def answers() -> dict[str, dict[str, Any]]:
     """The engines' answers; `produced` of each is what the digest covers."""
-    top = json.loads(_logprobs_answer(128))
+    top = json.loads(logprobs_answer(128))
     _with_top(produced(top), 5)  # its entries are the answer's own: the answer gets them
     judge = {"choices": [{"index": 0, "logprobs": None, "message": {
         "role": "assistant", "content": "Score: 7. The answer is correct but terse."}}]}
-    return {"OCR, 128 logprobs": json.loads(_logprobs_answer(128)),
+    return {"OCR, 128 logprobs": json.loads(logprobs_answer(128)),
             "OCR, 128 logprobs x 5 top": top, "judge, no logprobs": judge}
 
 

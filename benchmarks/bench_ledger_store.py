@@ -139,8 +139,8 @@ def _run_once(args: argparse.Namespace) -> list[list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         answer = _ANSWER
         if args.ocr:  # imported here: `_before`'s child imports this module with an older tree
-            from cpu_inprocess import _logprobs_answer
-            answer = _logprobs_answer(128)
+            from stub_server import logprobs_answer
+            answer = logprobs_answer(128)
         curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points,
                         answer) for i, variant in enumerate(VARIANTS)]
         if args.before:

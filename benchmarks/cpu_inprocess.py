@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import pstats
-import random
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_images
 import procs
 from ledger_split import Counts, thread_counts
+from stub_server import logprobs_answer
 
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
@@ -76,31 +76,6 @@ def _reply(answer: bytes) -> bytes:
     return (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\nserver: uvicorn\r\n"
             b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(answer)
             + answer)
-
-
-def _logprobs_answer(tokens: int) -> bytes:
-    """An OCR answer as vLLM renders it (starlette's compact JSON of its response model):
-    `tokens` tokens with logprobs, most of them confident (logprobs near 0, as OCR gives)."""
-    rng = random.Random(0)
-    words = ["Invoice", " total", " 12", ".", "50", " EUR", " paid", " on", " 2026", "-11"]
-    content = []
-    for _ in range(tokens):
-        token = rng.choice(words)
-        logprob = -rng.expovariate(1.0) * (1e-4 if rng.random() < 0.7 else 1.0)
-        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()),
-                        "top_logprobs": []})
-    message = {"role": "assistant", "content": "".join(c["token"] for c in content),
-               "refusal": None, "annotations": None, "audio": None, "function_call": None,
-               "tool_calls": [], "reasoning": None}
-    answer = {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "rm",
-              "choices": [{"index": 0, "message": message, "logprobs": {"content": content},
-                           "finish_reason": "length", "stop_reason": None,
-                           "token_ids": None}],
-              "service_tier": None, "system_fingerprint": None,
-              "usage": {"prompt_tokens": 300, "total_tokens": 300 + tokens,
-                        "completion_tokens": tokens, "prompt_tokens_details": None},
-              "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}
-    return json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _http(body: bytes, i: int) -> bytes:
@@ -142,7 +117,7 @@ def _scan_request(i: int) -> bytes:
 WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = {
     "chat": (_chat_request, lambda: _CHAT_ANSWER, 256),
     "judge": (_judge_request, lambda: _CHAT_ANSWER, 256),
-    "ocr": (_ocr_request, lambda: _logprobs_answer(128), 256),
+    "ocr": (_ocr_request, lambda: logprobs_answer(128), 256),
     "scan": (_scan_request, lambda: _CHAT_ANSWER, 2),
 }
 # What one read from a socket gives the protocol at most (uvloop's read buffer).

@@ -25,6 +25,11 @@ within a round.
     python3 benchmarks/gpu/bench_gateway_gpu.py --vl /tmp/models/vl --ocr-images 256 --logprobs \
         --attach-variant now= --attach-variant before=DIR --out $OUT/gpu-gateway-ab.json
     python3 benchmarks/gpu/bench_gateway_gpu.py --stub --out /tmp/gpu-dry.json   # CPU dry run
+
+The dry run with `--stub-delay 4 --stub-logprobs 128 --ocr-images 256 --logprobs` stands in
+for the OCR workload's shape on CPU: the same bodies, answers of the same size, and about the
+replica's rate (256 in flight for ~4 s: ~60 req/s), so that a gateway's CPU per request at that
+low rate, and two trees' (`--attach-variant`), can be compared without a GPU.
 """
 
 from __future__ import annotations
@@ -149,14 +154,16 @@ def gateway(procs: list[Proc], name: str, args: list[str], engine_args: list[str
 
 
 def attached(procs: list[Proc], vl: Proc, model: str, variants: list[str],
-             workers: int) -> list[Proc]:
+             workers: int, extra: list[str]) -> list[Proc]:
     """One gateway per NAME=DIR variant (DIR empty: this tree), each attached to `vl`'s
-    replica: two versions of the gateway in the same rounds, on the same replica."""
+    replica: two versions of the gateway in the same rounds, on the same replica; `extra`:
+    more arguments of `serve`."""
     out = []
     for variant in variants:
         name, _, tree = variant.partition("=")
         out.append(gateway(procs, f"gw-{name}", ["--backend-url", replica_url(vl),
-                                                 "--served-model-name", model], [], workers,
+                                                 "--served-model-name", model, *extra], [],
+                           workers,
                            str(Path(tree).resolve()) if tree else ""))
     return out
 
@@ -443,6 +450,10 @@ def main() -> None:
     parser.add_argument("--cls-rounds", type=int, default=3)
     parser.add_argument("--ready-timeout", type=float, default=420)
     parser.add_argument("--stub", action="store_true", help="dry run on CPU stub replicas")
+    parser.add_argument("--stub-delay", type=float, default=0.0, metavar="S",
+                        help="with --stub: the stub answers S seconds after each request")
+    parser.add_argument("--stub-logprobs", type=int, default=None, metavar="N",
+                        help="with --stub: every chat answer holds N tokens with logprobs")
     parser.add_argument("--gateway-workers", type=int, default=1,
                         help="gateway processes on the port (serve --workers N)")
     parser.add_argument("--attach-variant", action="append", default=[], metavar="NAME=DIR",
@@ -450,14 +461,19 @@ def main() -> None:
                         "DIR holds its grm_service package (empty: this tree)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    unproven = ["--serialize", "off"] if args.stub else []
     with processes() as procs:
         if args.stub:
             port = free_port()
+            shape = (["--fast", "--delay", str(args.stub_delay)]
+                     + ([] if args.stub_logprobs is None
+                        else ["--logprobs", str(args.stub_logprobs)]))
             stub = spawn(procs, "stub", [sys.executable, str(HERE.parent / "stub_server.py"),
-                                         "--port", str(port)], port)
+                                         "--port", str(port), *shape], port)
             time.sleep(2)
+            # A stub proves no batch invariance: the gateway would serialize it.
             vl = gateway(procs, "gw-vl", ["--backend-url", stub.url, "--served-model-name",
-                                          "rm"], [], args.gateway_workers)
+                                          "rm", *unproven], [], args.gateway_workers)
             model, cls = "rm", None
         else:
             common = ["--engine", "vllm", "--dtype", "bfloat16", "--max-model-len", "4096"]
@@ -485,7 +501,7 @@ def main() -> None:
                                                       "--serialize", "on"], [])
             wait_ready([serial], 120)
             cls = (cgw, serial)
-        more = (attached(procs, vl, model, args.attach_variant, args.gateway_workers)
+        more = (attached(procs, vl, model, args.attach_variant, args.gateway_workers, unproven)
                 if vl else [])
         wait_ready(more, 120)
         result = asyncio.run(measure(args, vl, cls, model, more))
