@@ -3,9 +3,17 @@ replicas (health checks, liveness pings, the keeper, timers), the fixed part of 
 that grows with N and weighs most below saturation.
 
     .venv/bin/python benchmarks/idle_cpu.py [--workers 1 2 4 8] [--seconds 10]
+    .venv/bin/python benchmarks/idle_cpu.py --workers 1 --rounds 6 [--before DIR] \
+        [--variant NAME=KEY=VALUE ...]
 
 Prints a table: workers, CPU ms per second of the gateway's processes (all workers and the
 keeper), and what that adds per request at 1,000 req/s.
+
+With `--before DIR` (a folder holding another `grm_service`) or `--variant` (this tree with one
+more environment variable, e.g. `nohealth=GRM_HEALTH_INTERVAL_S=1000`), every contender runs
+at once and each is measured in turn, `--rounds` times, the order reversed every other round:
+one row per contender and worker count, its rounds and their mean. A `/proc` CPU tick is 10 ms,
+so one 10 s window reads to 1 ms/s.
 """
 
 from __future__ import annotations
@@ -20,6 +28,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import procs
 
 
+def _contenders(args: argparse.Namespace) -> dict[str, tuple[Path | None, dict[str, str]]]:
+    out: dict[str, tuple[Path | None, dict[str, str]]] = {"this tree": (None, {})}
+    if args.before is not None:
+        out["before"] = (args.before.resolve(), {})
+    for spec in args.variant:
+        name, _, pair = spec.partition("=")
+        key, _, value = pair.partition("=")
+        if not name or not key:
+            raise SystemExit(f"--variant {spec!r}: NAME=KEY=VALUE")
+        out[name] = (None, {key: value})
+    return out
+
+
+def _one_at_a_time(f: procs.Fleet, backends: list[str], n: int,
+                   args: argparse.Namespace) -> list[str]:
+    gw = procs.start_grm(f, backends, f"idle-w{n}", extra=["--workers", str(n)])
+    time.sleep(args.settle)
+    before = gw.cpu()
+    time.sleep(args.seconds)
+    per_s = (gw.cpu() - before) / args.seconds
+    gw.stop()
+    return [f"| {n} | {per_s * 1e3:.1f} | {per_s / 1000 * 1e6:.0f} |"]
+
+
+def _side_by_side(f: procs.Fleet, backends: list[str], n: int,
+                  args: argparse.Namespace) -> list[str]:
+    gws = {name: procs.start_grm(f, backends, f"idle-{name.replace(' ', '-')}-w{n}", src=src,
+                                 extra=["--workers", str(n)], env_extra=env)
+           for name, (src, env) in _contenders(args).items()}
+    time.sleep(args.settle)
+    seen: dict[str, list[float]] = {name: [] for name in gws}
+    for r in range(args.rounds):
+        order = list(gws.items())
+        for name, gw in order if r % 2 == 0 else reversed(order):
+            before = gw.cpu()
+            time.sleep(args.seconds)
+            seen[name].append((gw.cpu() - before) / args.seconds * 1e3)
+    for gw in gws.values():
+        gw.stop()
+    return [f"| {n} | {name} | {' / '.join(f'{v:.1f}' for v in values)} | "
+            f"{sum(values) / len(values):.2f} |" for name, values in seen.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,19 +78,20 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after ready")
+    parser.add_argument("--before", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    paired = args.before is not None or bool(args.variant)
     rows = []
     with procs.fleet() as f:
         backends = [procs.start_stub(f, i).url for i in range(args.replicas)]
         for n in args.workers:
-            gw = procs.start_grm(f, backends, f"idle-w{n}", extra=["--workers", str(n)])
-            time.sleep(args.settle)
-            before = gw.cpu()
-            time.sleep(args.seconds)
-            per_s = (gw.cpu() - before) / args.seconds
-            rows.append(f"| {n} | {per_s * 1e3:.1f} | {per_s / 1000 * 1e6:.0f} |")
-            gw.stop()
-    print("| workers | idle CPU ms/s | us per request at 1,000 req/s |\n|---|---|---|")
+            rows += (_side_by_side if paired else _one_at_a_time)(f, backends, n, args)
+    if paired:
+        print("| workers | gateway | idle CPU ms/s, rounds | mean |\n|---|---|---|---|")
+    else:
+        print("| workers | idle CPU ms/s | us per request at 1,000 req/s |\n|---|---|---|")
     print("\n".join(rows))
 
 
