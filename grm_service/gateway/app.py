@@ -86,7 +86,8 @@ def _replica_side(
     async def close() -> None:
         gates.close()  # closing the file drops this process's locks
 
-    return Follower(worker.snapshot_path, gates.gate, identity, tend=gates.tend), close
+    return Follower(worker.snapshot_path, gates.gate, identity, tend=gates.tend,
+                    quiet=gates.quiet), close
 
 
 async def _flush_metrics(metrics: Metrics, worker: WorkerRole | None) -> None:

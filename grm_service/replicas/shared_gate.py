@@ -34,7 +34,8 @@ while the bound is far:
   request left on the replica, when it holds more than `_LEASE`, and when any worker waits for a
   slot: seen at each request's end here, and when the waiter parks, since it wakes every worker
   that marks a lease in the count map, whose inbox then looks (`GateFile.tend`); the follower's
-  look every 50 ms is the backstop for a mark set just after the waiter read it;
+  look every 50 ms (while the worker holds, keeps or awaits anything) is the backstop for a
+  mark set just after the waiter read it;
 - near the bound, slots are taken and freed one at a time, each under the count lock, as the
   wake-ups below describe.
 
@@ -242,11 +243,16 @@ class GateFile:
 
     def tend(self) -> None:
         """Spares back to the shared count wherever another worker waits for a slot: at each
-        wake-up this worker receives, and every 50 ms from the replica snapshot's follower, on
-        the event loop's thread (which also starts the inbox's reading there)."""
+        wake-up this worker receives, and every 50 ms from the replica snapshot's follower (a
+        quiet worker's, which keeps no spares, every 250 ms), on the event loop's thread (which
+        also starts the inbox's reading there)."""
         self.listen()
         for gate in self._gates:
             gate.tend()
+
+    def quiet(self) -> bool:
+        """No request of this worker holds or awaits any replica, and it keeps no spare."""
+        return all(gate.quiet() for gate in self._gates)
 
     def listen(self) -> None:
         """Read this worker's wake-ups on the running loop from now on, parked tasks or not: a
@@ -295,6 +301,10 @@ class SharedGate(Gate):
     @property
     def inflight(self) -> int:
         return self._local.inflight
+
+    def quiet(self) -> bool:
+        return not (self._local.inflight or self._parked or self._spare or self._readers
+                    or self._locking.locked() or self._counting.locked())
 
     def try_acquire(self, exclusive: bool, capacity: int = _UNBOUNDED) -> bool:
         # Only one case needs no lock call that could fail after the local slot is taken: this

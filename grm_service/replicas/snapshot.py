@@ -1,15 +1,14 @@
 """The replica set as the keeper sees it, published to the serving workers (`--workers N`).
 
 One process runs the keeper (grm_service/workers/keeper_process.py). Every few tens of
-milliseconds it compares what routing and
-the service identity read — each replica's name, address, state, restarts, pid, detail,
-serialized and pooling-batched flags and admitted identity, and the reference identity — with
-what it last published, and on a change writes it to a small JSON file (write, then rename: a
-reader never sees half a snapshot) under a version that grows with each change. The serving
-workers (followers) look at the file as often and apply each new version to their own pool and
-settle their own `ServiceIdentity` from it, so
-every worker routes over the same ready set, picks the same replica for the same request, and
-answers /ready and /v1/fingerprint from the same facts.
+milliseconds it compares what routing and the service identity read — each replica's name,
+address, state, restarts, pid, detail, serialized and pooling-batched flags and admitted
+identity, and the reference identity — with what it last published, and on a change writes it
+to a small JSON file (write, then rename: a reader never sees half a snapshot) under a version
+that grows with each change. The serving workers (followers) look at the file as often (a quiet
+worker less often) and apply each new version to their own pool and settle their own
+`ServiceIdentity` from it, so every worker routes over the same ready set, picks the same
+replica for the same request, and answers /ready and /v1/fingerprint from the same facts.
 
 Per worker, by design: the local half of each replica's gate (shared_gate.py) and the breaker
 (each worker counts the failed attempts it saw itself).
@@ -34,6 +33,11 @@ from grm_service.replicas.pool import Gate, Replica, ReplicaPool, ReplicaState
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.05
+# A follower whose worker holds and awaits nothing looks this much less often: most of an idle
+# worker's wake-ups were these looks (benchmarks/RESULTS.md, goal 2's workload without a GPU).
+# While it is quiet it has no spares that a waiter elsewhere could need, and a request that
+# meets a replica gone meanwhile fails over as it would within 50 ms.
+QUIET_INTERVAL_S = 0.25
 
 Snapshot = dict[str, Any]
 
@@ -141,12 +145,14 @@ class Follower:
     it shows settles this process's `identity`."""
 
     def __init__(self, path: Path, gate_for: Callable[[int], Gate],
-                 identity: ServiceIdentity, tend: Callable[[], None] | None = None) -> None:
+                 identity: ServiceIdentity, tend: Callable[[], None] | None = None,
+                 quiet: Callable[[], bool] | None = None) -> None:
         self.pool = ReplicaPool()
         self.path = path
         self.identity = identity
         self._gate_for = gate_for
         self._tend = tend  # the gates' look for waiters, at each of this loop's turns
+        self._quiet = quiet  # this worker holds no slot, keeps no spare, parks no request
         self._seen = b""
         self.version = 0
         self._task: asyncio.Task[None] | None = None
@@ -165,7 +171,11 @@ class Follower:
                     self._tend()
             except Exception:
                 log.exception("reading the replica snapshot failed; retrying")
-            await asyncio.sleep(INTERVAL_S)
+            await asyncio.sleep(self.interval())
+
+    def interval(self) -> float:
+        """Seconds until the next look."""
+        return QUIET_INTERVAL_S if self._quiet is not None and self._quiet() else INTERVAL_S
 
     def refresh(self) -> None:
         """Apply the published snapshot if it changed since the last look (a small read)."""

@@ -569,3 +569,28 @@ def test_spares_go_back_when_another_worker_waits_for_a_slot(tmp_path: Path, by:
     finally:
         for gates in files:
             gates.close()
+
+
+def test_a_worker_is_quiet_only_when_it_holds_keeps_and_awaits_nothing(tmp_path: Path) -> None:
+    """The replica snapshot's follower looks less often while `quiet()` (snapshot.py): never
+    while a request holds a slot or waits for one, nor while the worker keeps spares."""
+    gates = GateFile(tmp_path / "gates", 0, 2)
+
+    async def run() -> list[bool]:
+        seen = [gates.quiet()]  # no gate asked for yet
+        gate = gates.gate(0)
+        seen.append(gates.quiet())
+        async with gate.slot(False, 64):
+            seen.append(gates.quiet())
+            async with gate.slot(False, 64):
+                seen.append(gates.quiet())
+        seen.append(gates.quiet())  # the last request out gives its spares back
+        async with gate.slot(True):
+            seen.append(gates.quiet())
+        seen.append(gates.quiet())
+        return seen
+
+    try:
+        assert asyncio.run(run()) == [True, True, False, False, True, False, True]
+    finally:
+        gates.close()

@@ -5,10 +5,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from grm_service.config import Settings
 from grm_service.gateway.request import router
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Gate, ReplicaState
-from grm_service.replicas.snapshot import Follower, Published, mark_down, snapshot_of
+from grm_service.replicas.snapshot import (
+    INTERVAL_S,
+    QUIET_INTERVAL_S,
+    Follower,
+    Published,
+    mark_down,
+    snapshot_of,
+)
 from tests.unit.replicas.test_keeper import PLAIN, identity, keeper_for
 
 
@@ -59,3 +67,15 @@ async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
         await published.stop()
     follower.refresh()
     assert {r.state for r in follower.pool.replicas} == {ReplicaState.STOPPED}
+
+
+def test_a_quiet_worker_looks_less_often(tmp_path: Path) -> None:
+    settings = Settings(backend_urls=["http://a:8000"], served_model_name="rm")
+    quiet = [True]
+    follower = Follower(tmp_path / "replicas.json", lambda index: Gate(),
+                        ServiceIdentity(settings), quiet=lambda: quiet[0])
+    assert follower.interval() == QUIET_INTERVAL_S > INTERVAL_S
+    quiet[0] = False  # a request holds or awaits a slot: spares may be needed elsewhere
+    assert follower.interval() == INTERVAL_S
+    alone = Follower(tmp_path / "replicas.json", lambda index: Gate(), ServiceIdentity(settings))
+    assert alone.interval() == INTERVAL_S
