@@ -7,10 +7,12 @@ import asyncio
 import signal
 
 import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI
 
 from grm_service.config import Settings
+from grm_service.gateway import serve
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
@@ -95,4 +97,46 @@ async def test_without_a_gateway_the_drain_ends_at_once() -> None:
     task = await started(server)
     server.handle_exit(signal.SIGTERM, None)
     await asyncio.wait_for(task, 5)
+    assert server.should_exit
+
+
+class Counted(DrainingServer):
+    """Counts the main loop's turns."""
+
+    turns = 0
+
+    async def on_tick(self, counter: int) -> bool:
+        self.turns += 1
+        return await super().on_tick(counter)
+
+
+async def test_an_idle_server_turns_once_a_second_not_ten_times() -> None:
+    config = uvicorn.Config(gateway_app()[0], host="127.0.0.1", port=0, lifespan="off",
+                            log_config=None)
+    server = Counted(config, Service(SETTINGS), drain_timeout_s=30)
+    task = await started(server)
+    before = server.turns
+    await asyncio.sleep(1.5)
+    turns = server.turns - before
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.wait_for(task, 10)
+    assert 1 <= turns <= 3, f"{turns} turns in 1.5 s"  # uvicorn's own loop: about 15
+    assert server.server_state.default_headers[0][0] == b"date"
+
+
+@pytest.mark.parametrize("how", ["signal", "exit"])
+async def test_a_signal_or_exit_ends_the_idle_wait_at_once(
+    monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:
+    """With an idle turn of a minute, only the wake-up can stop the server within seconds."""
+    monkeypatch.setattr(serve, "_IDLE_TURN_S", 60.0)
+    app, _ = gateway_app()
+    server = server_for(app, drain_timeout_s=30)
+    task = await started(server)
+    await asyncio.sleep(0.2)  # waiting in its first idle turn
+    if how == "signal":
+        server.handle_exit(signal.SIGTERM, None)
+    else:
+        server.exit()
+    await asyncio.wait_for(task, 10)
     assert server.should_exit
