@@ -4,13 +4,14 @@ that grows with N and weighs most below saturation.
 
     .venv/bin/python benchmarks/idle_cpu.py [--workers 1 2 4 8] [--seconds 10]
     .venv/bin/python benchmarks/idle_cpu.py --workers 1 --rounds 6 [--before DIR] \
-        [--variant NAME=KEY=VALUE ...]
+        [--tree NAME=DIR ...] [--variant NAME=KEY=VALUE ...]
 
 Prints a table: workers, CPU ms per second of the gateway's processes (all workers and the
 keeper), and what that adds per request at 1,000 req/s.
 
-With `--before DIR` (a folder holding another `grm_service`) or `--variant` (this tree with one
-more environment variable, e.g. `nohealth=GRM_HEALTH_INTERVAL_S=1000`), every contender runs
+With `--before DIR` or `--tree NAME=DIR` (a folder holding another `grm_service`) or
+`--variant` (this tree with one more environment variable, e.g.
+`nohealth=GRM_HEALTH_INTERVAL_S=1000`), every contender runs
 at once and each is measured in turn, `--rounds` times, the order reversed every other round:
 one row per contender and worker count, its rounds and their mean. A `/proc` CPU tick is 10 ms,
 so one 10 s window reads to 1 ms/s.
@@ -32,6 +33,11 @@ def _contenders(args: argparse.Namespace) -> dict[str, tuple[Path | None, dict[s
     out: dict[str, tuple[Path | None, dict[str, str]]] = {"this tree": (None, {})}
     if args.before is not None:
         out["before"] = (args.before.resolve(), {})
+    for spec in args.tree:
+        name, _, folder = spec.partition("=")
+        if not name or not folder:
+            raise SystemExit(f"--tree {spec!r}: NAME=DIR")
+        out[name] = (Path(folder).resolve(), {})
     for spec in args.variant:
         name, _, pair = spec.partition("=")
         key, _, value = pair.partition("=")
@@ -79,10 +85,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after ready")
     parser.add_argument("--before", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                        help="one more contender: the grm_service package in DIR")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    paired = args.before is not None or bool(args.variant)
+    paired = args.before is not None or bool(args.variant) or bool(args.tree)
     rows = []
     with procs.fleet() as f:
         backends = [procs.start_stub(f, i).url for i in range(args.replicas)]
