@@ -73,7 +73,7 @@ class Writer:
     async def flush(self) -> None:
         if not self._buffer and self._store is not None and not self._prune_due():
             # Idle: a hand-off to the thread and back would wake both for nothing, twice a
-            # second (a tenth of an idle gateway's CPU).
+            # second, in every worker.
             return
         batch = [pending for pending, _ in self._buffer]
         self._buffer.clear()
