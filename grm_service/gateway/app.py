@@ -30,7 +30,6 @@ from grm_service.gateway.edge.middleware import MetricsMiddleware
 from grm_service.gateway.edge.replies import ReplyResponse, error_reply, validation_reply
 from grm_service.gateway.edge.score_body import add_score_schema
 from grm_service.gateway.request.audit import Auditor
-from grm_service.gateway.request.health import health_check, health_pool
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.role import WorkerRole
@@ -80,14 +79,8 @@ def _replica_side(
     own (workers/keeper_process.py) and every serving worker follows the replica set it
     publishes, every replica's gate shared by all of them."""
     if worker is None:
-        checks = health_pool(settings.backend_ack_timeout_s)
-        kept = keeper_for(settings, metrics, identity, probes, health_check(checks))
-
-        async def close_kept() -> None:
-            await kept.close()
-            await checks.close()
-
-        return kept.keeper, close_kept
+        kept = keeper_for(settings, metrics, identity, probes)
+        return kept.keeper, kept.close
     gates = GateFile(worker.gates_path, worker.index, worker.count)
 
     async def close() -> None:

@@ -18,7 +18,7 @@ from grm_service.metrics import Metrics
 from grm_service.replicas.admission import Admission, OutputCheck
 from grm_service.replicas.canary import Canary
 from grm_service.replicas.identity import ServiceIdentity
-from grm_service.replicas.keeper import HealthCheck, Keeper, ReplicaSource
+from grm_service.replicas.keeper import Keeper, ReplicaSource
 from grm_service.replicas.pool import Replica
 from grm_service.replicas.pooling_canary import PoolingCanary
 from grm_service.replicas.sources import attached_sources, local_sources
@@ -52,13 +52,12 @@ def output_checks(settings: Settings, metrics: Metrics) -> OutputCheck | None:
 
 
 def keeper_for(settings: Settings, metrics: Metrics, identity: ServiceIdentity,
-               probes: httpx.AsyncClient, health: HealthCheck | None = None) -> Kept:
-    """The keeper of this deployment's replica sources; admission settles `identity`;
-    `health`: how the keeper checks a replica (else through `probes`)."""
+               probes: httpx.AsyncClient) -> Kept:
+    """The keeper of this deployment's replica sources; admission settles `identity`."""
     admission = Admission(settings, probes, output_checks(settings, metrics), identity)
 
     def kept(sources: list[ReplicaSource]) -> Keeper:
-        return Keeper(settings, metrics, sources, admission, probes, health)
+        return Keeper(settings, metrics, sources, admission, probes)
 
     if settings.attach:
         return Kept(kept(attached_sources(settings)))

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from enum import Enum
 
 import httpx
@@ -42,7 +41,7 @@ from grm_service.replicas.status import ReplicaStatus
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
-PROBE_TIMEOUT_S = 5.0
+_PROBE_TIMEOUT_S = 5.0
 _MISSES_DOWN = 3
 _EARLIER_FIRST_MAX_S = 120.0
 _MAX_EXPONENT = 16  # 2**16 s is far beyond any cap: the exponent stops growing, nothing overflows
@@ -98,15 +97,9 @@ class Probe(Enum):
     BAD = "bad"
 
 
-# What the keeper asks of a replica's health endpoint, every `health_interval_s`: a replica's
-# base URL in, its verdict out. The service's own is the gateway's lean client
-# (gateway/request/health.py); `probe` through httpx serves where none is given.
-HealthCheck = Callable[[str], Awaitable[Probe]]
-
-
 async def probe(client: httpx.AsyncClient, url: str) -> Probe:
     try:
-        response = await client.get(url + "/health", timeout=PROBE_TIMEOUT_S)
+        response = await client.get(url + "/health", timeout=_PROBE_TIMEOUT_S)
     except httpx.ConnectError:
         return Probe.REFUSED
     except httpx.HTTPError:
@@ -118,8 +111,7 @@ class Keeper:
     """Owns every replica's lifecycle and keeps `pool` in step with it."""
 
     def __init__(self, settings: Settings, metrics: Metrics, sources: Sequence[ReplicaSource],
-                 admission: Admission, client: httpx.AsyncClient,
-                 health: HealthCheck | None = None) -> None:
+                 admission: Admission, client: httpx.AsyncClient) -> None:
         self.settings = settings
         self.metrics = metrics
         self._status = ReplicaStatus(metrics)
@@ -127,7 +119,6 @@ class Keeper:
         self.pool = ReplicaPool([Replica(name=s.name, url="") for s in sources])
         self._sources = {s.name: s for s in sources}
         self._client = client
-        self._health: HealthCheck = health or functools.partial(probe, client)
         self._tasks: list[asyncio.Task[None]] = []
         self._first: asyncio.Future[None] | None = None
         self._first_failures: dict[str, str] = {}
@@ -207,14 +198,14 @@ class Keeper:
 
     async def _until_healthy(self, source: ReplicaSource, replica: Replica) -> None:
         if not source.owns_process:  # started elsewhere: up or not, no start-up to wait out
-            if (result := await self._health(replica.url)) is not Probe.OK:
+            if (result := await probe(self._client, replica.url)) is not Probe.OK:
                 raise StartFailed(f"replica {source.name} health check: {result.value}")
             return
         deadline = time.monotonic() + self.settings.startup_timeout_s
         while time.monotonic() < deadline:
             if (why := await source.exited()) is not None:
                 raise StartFailed(await self._failure(source, why))
-            if await self._health(replica.url) is Probe.OK:
+            if await probe(self._client, replica.url) is Probe.OK:
                 return
             await asyncio.sleep(_POLL_S)
         limit = self.settings.startup_timeout_s
@@ -227,7 +218,7 @@ class Keeper:
             await asyncio.sleep(self.settings.health_interval_s)
             if (why := await source.exited()) is not None:
                 return await self._failure(source, why)
-            result = await self._health(replica.url)
+            result = await probe(self._client, replica.url)
             if result is Probe.REFUSED:
                 return "connection refused"
             misses = 0 if result is Probe.OK else misses + 1

@@ -22,7 +22,6 @@ import httpx
 
 from grm_service.config import Settings
 from grm_service.errors import GrmError
-from grm_service.gateway.request.health import health_check, health_pool
 from grm_service.gateway.role import metrics_dir, snapshot_path
 from grm_service.logs import setup_logging
 from grm_service.metrics import Metrics
@@ -50,10 +49,8 @@ async def keep(settings: Settings, run_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # only record: this coroutine acts
     metrics = Metrics(metrics_dir(run_dir))
-    probes = httpx.AsyncClient()  # identity and canary
-    checks = health_pool(settings.backend_ack_timeout_s)
-    kept = keeper_for(settings, metrics, ServiceIdentity(settings, metrics), probes,
-                      health_check(checks))
+    probes = httpx.AsyncClient()  # health, identity and canary
+    kept = keeper_for(settings, metrics, ServiceIdentity(settings, metrics), probes)
     published = Published(kept.keeper, snapshot_path(run_dir))
     starting = asyncio.create_task(published.start(), name="grm-keeper-start")
     stopping = asyncio.create_task(stop.wait(), name="grm-keeper-stop")
@@ -73,7 +70,6 @@ async def keep(settings: Settings, run_dir: Path) -> int:
             task.cancel()
         await published.stop()
         await kept.close()
-        await checks.close()
         await probes.aclose()
 
 

@@ -21,7 +21,7 @@ from grm_service.config import Settings
 from grm_service.engines import ReplicaSpec
 from grm_service.metrics import Metrics
 from grm_service.replicas.admission import Admission
-from grm_service.replicas.keeper import PROBE_TIMEOUT_S, Keeper
+from grm_service.replicas.keeper import _PROBE_TIMEOUT_S, Keeper
 from grm_service.replicas.sources import LocalSource
 from tests.support.procs import Proc, pids_alive, start_gateway, start_stub
 from tests.support.stub_engine import StubEngine
@@ -98,7 +98,7 @@ def test_garbage_replicas_are_refused_and_the_others_stay_watched(
         assert "refused" in detail and "in a row" not in detail, detail
         # The next probe comes within one health interval and a refused connect is immediate;
         # the margin is one probe timeout, so the hanging replica's probes never delay r1's.
-        assert took < HEALTH_INTERVAL_S + PROBE_TIMEOUT_S, took
+        assert took < HEALTH_INTERVAL_S + _PROBE_TIMEOUT_S, took
         stubs[1] = start_stub(tmp_path, "--port", port)  # back at the same address
         wait_for(gw, "r1", {"ready"})
         r = httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={

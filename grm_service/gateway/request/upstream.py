@@ -70,9 +70,6 @@ class _Target:
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
 
-    def get_head(self, path: str) -> bytes:
-        return f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\n\r\n".encode()
-
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request at a time."""
@@ -217,21 +214,10 @@ class Upstream:
         """POST the concatenation of `body`'s parts (a long string among them is not copied)."""
         replica = self._replicas.get(base_url)
         if replica is None:
-            replica = self._replica(base_url)
+            replica = self._replicas[base_url] = _Replica(
+                base_url, _Target.parse(base_url), asyncio.Semaphore(self.max_connections))
         length = sum(map(len, body))
-        return await self._request(replica, replica.target.head(path, length), body, length)
-
-    async def get(self, base_url: str, path: str) -> Answer:
-        """GET `path` (a health check)."""
-        replica = self._replicas.get(base_url) or self._replica(base_url)
-        return await self._request(replica, replica.target.get_head(path), (), 0)
-
-    def _replica(self, base_url: str) -> _Replica:
-        replica = self._replicas[base_url] = _Replica(
-            base_url, _Target.parse(base_url), asyncio.Semaphore(self.max_connections))
-        return replica
-
-    async def _request(self, replica: _Replica, head: bytes, body: Body, length: int) -> Answer:
+        head = replica.target.head(path, length)
         replica.users += 1
         try:
             await self._slot(replica)
