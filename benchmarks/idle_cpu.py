@@ -15,12 +15,17 @@ With `--before DIR` or `--tree NAME=DIR` (a folder holding another `grm_service`
 at once and each is measured in turn, `--rounds` times, the order reversed every other round:
 one row per contender and worker count, its rounds and their mean. A `/proc` CPU tick is 10 ms,
 so one 10 s window reads to 1 ms/s.
+
+`--trickle R`: not idle but lightly loaded, R chat requests a second (one at a time, each with
+its own seed) sent to the gateway being measured, as a trainer scoring now and then: then the
+figure holds those requests' CPU too, and the contenders compare side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +63,23 @@ def _one_at_a_time(f: procs.Fleet, backends: list[str], n: int,
     return [f"| {n} | {per_s * 1e3:.1f} | {per_s / 1000 * 1e6:.0f} |"]
 
 
+def _trickle(url: str, rate: float, seconds: float) -> threading.Thread:
+    """`rate` chat requests a second to `url` for `seconds`, in a thread."""
+
+    def run() -> None:
+        start, sent = time.monotonic(), 0
+        while time.monotonic() < start + seconds:
+            body = {"model": procs.STUB_MODEL, "seed": sent, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"score prompt {sent}"}]}
+            procs.http_post_json(url + "/v1/chat/completions", body)
+            sent += 1
+            time.sleep(max(0.0, start + sent / rate - time.monotonic()))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def _side_by_side(f: procs.Fleet, backends: list[str], n: int,
                   args: argparse.Namespace) -> list[str]:
     gws = {name: procs.start_grm(f, backends, f"idle-{name.replace(' ', '-')}-w{n}", src=src,
@@ -69,8 +91,11 @@ def _side_by_side(f: procs.Fleet, backends: list[str], n: int,
         order = list(gws.items())
         for name, gw in order if r % 2 == 0 else reversed(order):
             before = gw.cpu()
+            load = _trickle(gw.url, args.trickle, args.seconds) if args.trickle else None
             time.sleep(args.seconds)
             seen[name].append((gw.cpu() - before) / args.seconds * 1e3)
+            if load is not None:
+                load.join()
     for gw in gws.values():
         gw.stop()
     return [f"| {n} | {name} | {' / '.join(f'{v:.1f}' for v in values)} | "
@@ -89,15 +114,20 @@ def main() -> None:
                         help="one more contender: the grm_service package in DIR")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--trickle", type=float, default=0.0, metavar="R",
+                        help="R requests a second to the gateway measured (side by side only)")
     args = parser.parse_args()
     paired = args.before is not None or bool(args.variant) or bool(args.tree)
+    if args.trickle and not paired:
+        raise SystemExit("--trickle compares contenders: give --before, --tree or --variant")
     rows = []
     with procs.fleet() as f:
         backends = [procs.start_stub(f, i).url for i in range(args.replicas)]
         for n in args.workers:
             rows += (_side_by_side if paired else _one_at_a_time)(f, backends, n, args)
     if paired:
-        print("| workers | gateway | idle CPU ms/s, rounds | mean |\n|---|---|---|---|")
+        what = f"CPU ms/s at {args.trickle:g} req/s" if args.trickle else "idle CPU ms/s"
+        print(f"| workers | gateway | {what}, rounds | mean |\n|---|---|---|---|")
     else:
         print("| workers | idle CPU ms/s | us per request at 1,000 req/s |\n|---|---|---|")
     print("\n".join(rows))

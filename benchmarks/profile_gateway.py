@@ -108,8 +108,8 @@ def _by_function(stacks: list[tuple[list[str], int]], top: int) -> list[str]:
     return [f"{fn[:88]:<88} {c / total:>6.1%}" for fn, c in shown]
 
 
-def summarize(raw: Path, top: int = 25, native: bool = False) -> str:
-    stacks = _stacks(raw, native)
+def summarize(*raws: Path, top: int = 25, native: bool = False) -> str:
+    stacks = [stack for raw in raws for stack in _stacks(raw, native)]
     total = sum(c for _, c in stacks) or 1
     inclusive: collections.Counter[str] = collections.Counter()
     leaf: collections.Counter[str] = collections.Counter()
@@ -151,7 +151,12 @@ def main() -> None:
                         help="C frames too (system calls, uvloop, httptools); the loop's thread")
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N")
     parser.add_argument("--fast-stubs", action="store_true")
+    parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="RAW",
+                        help="only print the tables of recorded files (py-spy -f raw)")
     args = parser.parse_args()
+    if args.summarize is not None:
+        print(summarize(*args.summarize, native=args.native))
+        return
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{args.out or f'profile-c{args.concurrency}'}.txt"
     with procs.fleet() as f:

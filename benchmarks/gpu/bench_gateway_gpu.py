@@ -30,6 +30,14 @@ The dry run with `--stub-delay 4 --stub-logprobs 128 --ocr-images 256 --logprobs
 for the OCR workload's shape on CPU: the same bodies, answers of the same size, and about the
 replica's rate (256 in flight for ~4 s: ~60 req/s), so that a gateway's CPU per request at that
 low rate, and two trees' (`--attach-variant`), can be compared without a GPU.
+
+Where that CPU goes: `--profile NAME` records the gateway of path NAME (an `--attach-variant`
+kept for it, so the figures compared are not a sampled process's) with py-spy through the OCR
+rounds, C frames included (`--py-spy PATH`; the process pauses for each sample): raw stacks of
+each round to `profile-NAME-rR.txt` beside `--out`, read by `profile_gateway.py --summarize
+FILE... --native`.
+`--keep-answers N` writes N of the replica's own OCR answers, the bytes it sent, to
+`answers.jsonl` beside `--out` (one JSON string per line), for the 2-core machine's benches.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -52,7 +61,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
@@ -282,11 +291,14 @@ async def timed(session: aiohttp.ClientSession, target: Target, route: str,
 
 
 async def rounds(session: aiohttp.ClientSession, paths: list[Target], route: str,
-                 bodies: list[dict[str, Any]], in_flight: int, n: int) -> dict[str, list[Any]]:
+                 bodies: list[dict[str, Any]], in_flight: int, n: int,
+                 spy: Spy | None = None) -> dict[str, list[Any]]:
+    """`spy`: py-spy on its path's gateway during that path's rounds."""
     out: dict[str, list[Any]] = {p.name: [] for p in paths}
     for rnd in range(n):
         for p in (paths if rnd % 2 == 0 else paths[::-1]):
-            res = await timed(session, p, route, bodies, in_flight)
+            with spy.on(p, rnd) if spy is not None else contextlib.nullcontext():
+                res = await timed(session, p, route, bodies, in_flight)
             out[p.name].append(res)
             print(f"  round {rnd} {p.name:<10} {res['rps']:8.1f} req/s  "
                   f"{res['cpu_ms_per_req']:.2f} ms CPU/req", flush=True)
@@ -390,14 +402,67 @@ async def measure_vl(args: argparse.Namespace, session: aiohttp.ClientSession, v
             serialized = answer["grm_fingerprint"]["serialized"]
             result.setdefault("serialized", {})[p.name] = serialized
             print(f"  {p.name}: serialized={serialized}", flush=True)
+    if args.keep_answers:
+        await keep_answers(session, paths[0].url + chat, ocr[:args.keep_answers],
+                           args.out.parent / "answers.jsonl")
     print(f"ocr: {args.ocr} concurrent x 128 tokens", flush=True)
-    result["ocr"] = await rounds(session, paths, chat, ocr, args.ocr, args.rounds)
+    spy = Spy(args.profile, args.py_spy, args.out.parent) if args.profile else None
+    result["ocr"] = await rounds(session, paths, chat, ocr, args.ocr, args.rounds, spy)
     print(f"judge: {args.judge} requests x 4 tokens, 256 in flight", flush=True)
     judge = judge_bodies(vl_model, args.judge, 4)
     result["judge"] = await rounds(session, paths, chat, judge, 256, args.rounds)
     print("token latency: one at a time x 128 tokens", flush=True)
     result["token_ms"] = await token_latency(session, paths, vl_model, args.token_requests,
                                              128)
+
+
+async def keep_answers(session: aiohttp.ClientSession, url: str, bodies: list[dict[str, Any]],
+                       out: Path) -> None:
+    """The replica's answers to `bodies` as the bytes it sent, one JSON string a line."""
+    with out.open("w") as f:
+        for body in bodies:
+            async with session.post(url, json=body) as r:
+                f.write(json.dumps((await r.read()).decode()) + "\n")
+    print(f"kept {len(bodies)} answers in {out}", flush=True)
+
+
+@dataclass
+class Spy:
+    """py-spy, C frames included, on path `name`'s gateway while that path's rounds run (not
+    between them, when the gateway only waits): one raw file a round,
+    `profile-NAME-rR.txt` in `out`."""
+
+    name: str
+    py_spy: str
+    out: Path
+
+    def _start(self, pid: int, raw: Path, log: IO[bytes], mode: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([self.py_spy, "record", "-p", str(pid), "-r", "100", "-f", "raw",
+                                 "-o", str(raw), mode], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    @contextlib.contextmanager
+    def on(self, target: Target, rnd: int) -> Iterator[None]:
+        if target.name != self.name or target.pid is None:
+            yield
+            return
+        raw = self.out / f"profile-{self.name}-r{rnd}.txt"
+        with (LOGS / "py-spy.log").open("ab") as log:
+            spy = self._start(target.pid, raw, log, "--native")
+            time.sleep(0.5)  # attached before the round's first request
+            if spy.poll() is not None:  # no C stacks here (ptrace, symbols): Python's alone
+                spy = self._start(target.pid, raw, log, "--nonblocking")
+                time.sleep(0.5)
+            try:
+                yield
+            finally:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+                try:
+                    spy.wait(60)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+        print(f"  py-spy {spy.args[-1]} exit {spy.returncode}: {raw.name} "
+              f"({raw.stat().st_size if raw.exists() else 0} bytes)", flush=True)
 
 
 async def measure_cls(args: argparse.Namespace, session: aiohttp.ClientSession,
@@ -459,6 +524,12 @@ def main() -> None:
     parser.add_argument("--attach-variant", action="append", default=[], metavar="NAME=DIR",
                         help="another gateway attached to the VL replica, in the same rounds: "
                         "DIR holds its grm_service package (empty: this tree)")
+    parser.add_argument("--profile", default="", metavar="NAME",
+                        help="py-spy the gateway of path NAME through the OCR rounds")
+    parser.add_argument("--py-spy", default=shutil.which("py-spy")
+                        or str(Path(sys.executable).parent / "py-spy"))
+    parser.add_argument("--keep-answers", type=int, default=0, metavar="N",
+                        help="write N of the replica's OCR answers beside --out")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     unproven = ["--serialize", "off"] if args.stub else []

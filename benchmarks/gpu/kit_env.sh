@@ -20,6 +20,12 @@ chmod +x .venv/bin/python
 .venv/bin/python -c 'import numpy, PIL, fastapi, uvloop, msgspec' || exit 4
 mkdir -p benchmarks/.venv-peers/bin
 ln -sf "$SITE/bin/vllm-router" benchmarks/.venv-peers/bin/vllm-router
+# py-spy where the kit carries it (profile_gateway.py): a wheel of its own binary.
+for wheel in "$KIT"/whl/py_spy-*.whl; do
+    [ -e "$wheel" ] || continue
+    python3 -m pip install -q --no-index --no-deps --target "$SITE" "$wheel" \
+        && ln -sf "$SITE/bin/py-spy" benchmarks/.venv-peers/bin/py-spy
+done
 export PATH="$KIT/bin:$PATH" LD_LIBRARY_PATH="$KIT/bin" PYTHONUNBUFFERED=1
 
 bench() {  # NAME TIMEOUT ARGS...: one bench_gateway run, its tables and raw runs kept in $OUT
