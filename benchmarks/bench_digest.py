@@ -9,7 +9,10 @@ the minimum of each kept (per call, us). Two more columns time what the proxy ru
 engine's answer: its parse (`jsonload.loads_strict`, msgspec) and `canonical_value` of the
 value that parse built (`decoded`: the quotes' parity instead of the read-back where it holds).
 
-    .venv/bin/python benchmarks/bench_digest.py [--repeat 7] [--number 300]
+    .venv/bin/python benchmarks/bench_digest.py [--repeat 7] [--number 300] [--answers FILE]
+
+`--answers FILE`: more rows, an engine's own answers (one JSON string of its bytes a line, as
+`gpu/bench_gateway_gpu.py --keep-answers` writes them), timed the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from stub_server import logprobs_answer
@@ -52,11 +56,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=300)
+    parser.add_argument("--answers", type=Path, default=None, metavar="FILE",
+                        help="an engine's answers, one JSON string of its bytes a line")
     args = parser.parse_args()
+    kept = answers()
+    if args.answers is not None:
+        for i, line in enumerate(args.answers.read_text().splitlines()):
+            kept[f"{args.answers.name} #{i}"] = json.loads(json.loads(line))
     print("| answer | bytes | C encoder us | canonical_value us | ratio | parse (msgspec) us "
           "| canonical_value, decoded us |")
     print("|---|---|---|---|---|---|---|")
-    for name, answer in answers().items():
+    for name, answer in kept.items():
         value = produced(answer)
         want = canonical_json(value)
         assert canonical_value(value) == want, name
@@ -71,8 +81,9 @@ def main() -> None:
                        args.number)
         print(f"| {name} | {len(want):,} | {slow:.1f} | {fast:.1f} | {slow / fast:.2f}x "
               f"| {parse:.1f} | {proven:.1f} |")
+    more = f" --answers {args.answers}" if args.answers is not None else ""
     print(f"\nrerun: .venv/bin/python benchmarks/bench_digest.py --repeat {args.repeat} "
-          f"--number {args.number}")
+          f"--number {args.number}{more}")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ first two writers below run the C encoder json.dumps runs, with its arguments:
   where they do not, the C encoder writes the value. Non-finite floats (msgspec writes
   `null`) and what JSON has no form for (msgspec writes bytes as base64, json.dumps raises)
   read back as something else, and go there too. For a value msgspec's JSON decoder built
-  (`decoded`: finite floats and JSON's types only) a cheaper proof replaces the read-back
-  where it holds: in bytes without `\\"`, every quote opens or closes a string, so a match
-  with an odd count of quotes before it is a string's text (kept as it is) and one with an
-  even count a number's (the read-back is about half the form's cost on an answer with 128
-  logprobs).
+  (`decoded`: finite floats and JSON's types only) a cheaper proof replaces the read-back:
+  with each escape pair that holds a quote or a backslash masked (`_delimited`), every quote
+  left opens or closes a string, so a match with an odd count of such quotes before it is a
+  string's text (kept as it is) and one with an even count a number's. The read-back is about
+  half the form's cost on an answer with 128 logprobs, and a model's tokens often hold a
+  quote: with the read-back taken for those, the response digest was a fifth of the gateway's
+  CPU on a VL replica's OCR answers (benchmarks/gpu/RESULTS.md).
 
 `tests/unit/gateway/request/test_longstrings.py` holds the first two to json.dumps on generated
 bodies, `tests/unit/test_canonical.py` the third, on generated values and on every range of
@@ -89,20 +91,17 @@ def _msgspec_form(value: Any, decoded: bool = False) -> bytes | None:
         data = _MSGSPEC.encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
         return None
-    # Without an escaped quote, the count of quotes before a byte tells whether it is in a
-    # string: a match there is text, kept as it is, and the bytes need no read-back. Most
-    # answers hold no backslash at all, which one memchr finds; the two-byte search is a
-    # compare at every quote (~1 ns a byte: 12 us on an answer with 128 logprobs).
-    parity = decoded and (data.find(b"\\") < 0 or data.find(b'\\"') < 0)
+    # The count of string delimiters before a match tells whether it is in a string: there it
+    # is text, kept as it is, and the bytes need no read-back.
     parts = _EXPONENT.split(data)
     if len(parts) > 1:
-        _exponents(parts, parity)
+        _exponents(parts, _delimited(parts, data, _EXPONENT) if decoded else None)
         data = b"".join(parts)
     if data.find(b"0.0000") >= 0:  # not `in`: see surrogates.check_surrogates
         parts = _FIVE_ZEROS.split(data)
-        _five_zeros(parts, parity)
+        _five_zeros(parts, _delimited(parts, data, _FIVE_ZEROS) if decoded else None)
         data = b"".join(parts)
-    if parity:
+    if decoded:
         return data
     try:
         same = _READ.decode(data) == value
@@ -111,27 +110,41 @@ def _msgspec_form(value: Any, decoded: bool = False) -> bytes | None:
     return data if same else None
 
 
-def _exponents(parts: list[bytes], parity: bool) -> None:
+def _delimited(parts: list[bytes], data: bytes, pattern: re.Pattern[bytes]) -> list[bytes]:
+    """`parts` (`pattern.split(data)`, `data` msgspec's JSON) with every quote left in their
+    text a string's delimiter: where `data` holds a backslash, the same split of `data` with
+    each escape pair that holds a quote or a backslash masked. In JSON a backslash is only in a
+    string, where it starts an escape of two characters (or six, `\\uXXXX`, with no quote or
+    backslash after the first two): masking the pairs of backslashes from the left first leaves
+    each escaped quote as a backslash and the quote. The patterns look at digits, `e`, `-` and
+    `.` alone, so the masked bytes split at the same matches. Most answers hold no backslash,
+    which one memchr finds."""
+    if data.find(b"\\") < 0:
+        return parts
+    return pattern.split(data.replace(b"\\\\", b"__").replace(b'\\"', b"__"))
+
+
+def _exponents(parts: list[bytes], texts: list[bytes] | None) -> None:
     """`_EXPONENT.split`'s matches in Python's form: `e-07` for `e-7`, `e+5` for `e5`; with
-    `parity`, those in a string kept."""
+    `texts` (`_delimited`), those in a string kept."""
     quotes = 0
     for i in range(1, len(parts), 2):
         sign_digit = parts[i]
-        if parity:
-            quotes += parts[i - 1].count(b'"')
+        if texts is not None:
+            quotes += texts[i - 1].count(b'"')
             if quotes & 1:
                 parts[i] = b"e" + sign_digit
                 continue
         parts[i] = b"e-0" + sign_digit[1:] if sign_digit[0] == _MINUS else b"e+" + sign_digit
 
 
-def _five_zeros(parts: list[bytes], parity: bool) -> None:
-    """`_FIVE_ZEROS.split`'s matches in Python's form: `1.2e-05` for `0.000012`; with `parity`,
-    those in a string kept."""
+def _five_zeros(parts: list[bytes], texts: list[bytes] | None) -> None:
+    """`_FIVE_ZEROS.split`'s matches in Python's form: `1.2e-05` for `0.000012`; with `texts`
+    (`_delimited`), those in a string kept."""
     quotes = 0
     for i in range(1, len(parts), 3):
-        if parity:
-            quotes += parts[i - 1].count(b'"')
+        if texts is not None:
+            quotes += texts[i - 1].count(b'"')
             if quotes & 1:
                 parts[i] = b"0.0000" + parts[i]
                 continue

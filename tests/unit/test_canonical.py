@@ -5,7 +5,7 @@ too), on strings made to look like those numbers, and on floats of every range (
 patterns, each power of ten and of two and their neighbours, float32 values as logprobs are).
 Both ways are held to the reference: the msgspec form where it answers, and the C encoder
 where it declines; and the msgspec form's two proofs, the read-back and, for values msgspec's
-decoder built (`decoded`), the quotes' parity.
+decoder built (`decoded`), the parity of the quotes that delimit strings.
 """
 
 from __future__ import annotations
@@ -167,8 +167,11 @@ def test_a_decoded_value_is_proven_by_the_quotes_without_a_read_back(
     inside = msgspec.json.decode(reference(["\u001e7", "x:1e-7 0.00001", 1e-7, 1.5e-5]))
     assert _msgspec_form(inside, decoded=True) == reference(inside)  # text kept, no read-back
     escaped = msgspec.json.decode(reference(["line\n1e-7", "a\\b 0.00001", 1e-7, 1.5e-5]))
-    assert b"\\" in msgspec.json.encode(escaped)  # escapes, none of them a quote: no read-back
+    assert b"\\" in msgspec.json.encode(escaped)  # escapes, none of them a quote
     assert _msgspec_form(escaped, decoded=True) == reference(escaped)
-    quoted = msgspec.json.decode(reference(['say "1e-7"', 1e-7]))
-    with pytest.raises(AttributeError):  # an escaped quote: the read-back decides
-        _msgspec_form(quoted, decoded=True)
+    # Escaped quotes, and a string that ends in an escaped backslash right before its closing
+    # quote (masked from the left, the pair is a backslash's; the quote after it closes).
+    for texts in (['say "1e-7"', 1e-7], ['a\\', "1e-7 0.00001", 1.5e-5, 'b\\"0.00002"', 3e-7],
+                  ['\\"', ' 1e-7 "', 1e-7], ['x\\\\', '"', "2e16", 2e16]):
+        quoted = msgspec.json.decode(reference(texts))
+        assert _msgspec_form(quoted, decoded=True) == reference(quoted)
