@@ -128,7 +128,8 @@ def _lifespan(
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
         ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
-                     identity=identity, auditor=auditor, ledger=ledger)
+                     identity=identity, auditor=auditor, ledger=ledger,
+                     look=side.refresh if isinstance(side, Follower) else None)
         service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))

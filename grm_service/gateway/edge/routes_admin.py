@@ -27,6 +27,8 @@ async def health() -> dict[str, str]:
 async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
     """Open to load balancers (the status code); replica details (addresses, pids, errors)
     only with a valid key when keys are set."""
+    if gw.look is not None:  # a worker answers from the keeper's latest, as it routes
+        gw.look()
     ok = bool(gw.pool.ready()) and not gw.draining
     status = 200 if ok else 503
     if not request.scope.get("state", {}).get(AUTHORIZED, False):

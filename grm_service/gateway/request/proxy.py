@@ -8,7 +8,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -102,6 +102,10 @@ class Gateway:
     auditor: Auditor | None = None
     ledger: Ledger | None = None
     draining: bool = False
+    # A fresh look at the replica set before a request is refused for want of a ready replica
+    # (a worker's follower: its view lags the keeper's by its interval); None where the keeper
+    # is in this process and its pool is the set itself.
+    look: Callable[[], None] | None = None
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
@@ -222,6 +226,19 @@ def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     else:
         names = router.rendezvous_order(key, list(ready))
     return [ready[n] for n in names]
+
+
+def ordered(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
+    """`route`, with the replica set looked at again (`Gateway.look`) before a refusal: a
+    quiet worker's view lags the keeper's by up to its follower's interval, where a replica
+    that came back is already ready in the other workers' (and in the /ready they answer)."""
+    order = route(gw, key, pin)
+    if not order and gw.look is not None:
+        gw.look()
+        order = route(gw, key, pin)
+    if not order:
+        raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
+    return order
 
 
 def _pinned(gw: Gateway, pin: str) -> list[Replica]:
@@ -377,9 +394,8 @@ def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
 async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
                 audit: bool, request_digest: str | None = None) -> Forwarded:
     """`request_digest`: `raw`'s, where the caller has it (else hashed for the answer)."""
-    order = route(gw, router.key_of_parts(raw), pin)
-    if not order:
-        raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
+    key = router.key_of_parts(raw)
+    order = route(gw, key, pin) or ordered(gw, key, pin)  # the second: a refusal's path
     caps, mode = gw.identity.capabilities, gw.path_settings.serialize
     pooling = path in POOLING_PATHS
     alone = not pooling and must_run_alone(body, caps, mode)

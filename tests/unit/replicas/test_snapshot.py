@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from grm_service.config import Settings
+from grm_service.errors import ServiceUnavailable
 from grm_service.gateway.request import router
+from grm_service.gateway.request.proxy import Gateway, ordered
+from grm_service.gateway.request.upstream import Upstream
+from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Gate, ReplicaState
 from grm_service.replicas.snapshot import (
@@ -16,6 +22,7 @@ from grm_service.replicas.snapshot import (
     Published,
     mark_down,
     snapshot_of,
+    write,
 )
 from tests.unit.replicas.test_keeper import PLAIN, identity, keeper_for
 
@@ -79,3 +86,34 @@ def test_a_quiet_worker_looks_less_often(tmp_path: Path) -> None:
     assert follower.interval() == INTERVAL_S
     alone = Follower(tmp_path / "replicas.json", lambda index: Gate(), ServiceIdentity(settings))
     assert alone.interval() == INTERVAL_S
+
+
+def test_a_worker_looks_again_before_it_refuses_for_want_of_a_ready_replica(
+        tmp_path: Path) -> None:
+    """A quiet worker's follower looks every 250 ms: a replica that came back may be ready in
+    the snapshot (and in the /ready another worker answers) and not yet in this worker's pool.
+    Before refusing, the worker looks again; without the look it refuses."""
+    settings = Settings(backend_urls=["http://a:8000", "http://b:8000"],
+                        served_model_name="rm")
+    path = tmp_path / "replicas.json"
+
+    def publish(r0: ReplicaState, version: int) -> None:
+        write(path, {"version": version, "reference": None, "replicas": [
+            {"name": name, "url": f"http://{name}:8000", "state": state.value, "restarts": 0,
+             "pid": None, "detail": "", "serialized": False, "pooling_batched": False,
+             "identity": None}
+            for name, state in (("r0", r0), ("r1", ReplicaState.READY))]})
+
+    publish(ReplicaState.RESTARTING, 1)
+    follower = Follower(path, lambda index: Gate(), ServiceIdentity(settings), quiet=lambda: True)
+    follower.refresh()
+    gateways = [Gateway(settings=settings, pool=follower.pool, client=Upstream(1.0),
+                        metrics=Metrics(), identity=follower.identity, look=look)
+                for look in (follower.refresh, None)]
+    with pytest.raises(ServiceUnavailable):
+        ordered(gateways[0], 7, "r0")  # down in the snapshot too: refused after the look
+    publish(ReplicaState.READY, 2)  # back, and the follower's loop has not looked yet
+    with pytest.raises(ServiceUnavailable):
+        ordered(gateways[1], 7, "r0")  # without the look
+    assert [r.name for r in ordered(gateways[0], 7, "r0")] == ["r0"]
+    assert follower.version == 2
