@@ -129,7 +129,7 @@ def _lifespan(
         ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
                      identity=identity, auditor=auditor, ledger=ledger,
-                     look=side.refresh if isinstance(side, Follower) else None)
+                     look=side.look if isinstance(side, Follower) else None)
         service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))

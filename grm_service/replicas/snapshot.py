@@ -173,6 +173,14 @@ class Follower:
                 log.exception("reading the replica snapshot failed; retrying")
             await asyncio.sleep(self.interval())
 
+    def look(self) -> None:
+        """`refresh` between the loop's looks, its failure logged as there: before a request
+        is refused for want of a ready replica, and by /ready (`Gateway.look`)."""
+        try:
+            self.refresh()
+        except Exception:
+            log.exception("reading the replica snapshot failed; retrying")
+
     def interval(self) -> float:
         """Seconds until the next look."""
         return QUIET_INTERVAL_S if self._quiet is not None and self._quiet() else INTERVAL_S

@@ -109,7 +109,7 @@ def test_a_worker_looks_again_before_it_refuses_for_want_of_a_ready_replica(
     follower.refresh()
     gateways = [Gateway(settings=settings, pool=follower.pool, client=Upstream(1.0),
                         metrics=Metrics(), identity=follower.identity, look=look)
-                for look in (follower.refresh, None)]
+                for look in (follower.look, None)]
     with pytest.raises(ServiceUnavailable):
         ordered(gateways[0], 7, "r0")  # down in the snapshot too: refused after the look
     publish(ReplicaState.READY, 2)  # back, and the follower's loop has not looked yet
@@ -117,3 +117,6 @@ def test_a_worker_looks_again_before_it_refuses_for_want_of_a_ready_replica(
         ordered(gateways[1], 7, "r0")  # without the look
     assert [r.name for r in ordered(gateways[0], 7, "r0")] == ["r0"]
     assert follower.version == 2
+    path.write_text('{"version": 3, "repl')  # not what the keeper writes: logged, kept as was
+    follower.look()
+    assert follower.version == 2 and follower.pool.by_name("r0").ready
