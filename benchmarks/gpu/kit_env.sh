@@ -20,11 +20,12 @@ chmod +x .venv/bin/python
 .venv/bin/python -c 'import numpy, PIL, fastapi, uvloop, msgspec' || exit 4
 mkdir -p benchmarks/.venv-peers/bin
 ln -sf "$SITE/bin/vllm-router" benchmarks/.venv-peers/bin/vllm-router
-# py-spy where the kit carries it (profile_gateway.py): a wheel of its own binary.
+# py-spy where the kit carries it (profile_gateway.py): a wheel of its own binary, in a folder
+# of its own (pip --target leaves a bin/ that exists as it was, without the new binary).
 for wheel in "$KIT"/whl/py_spy-*.whl; do
     [ -e "$wheel" ] || continue
-    python3 -m pip install -q --no-index --no-deps --target "$SITE" "$wheel" \
-        && ln -sf "$SITE/bin/py-spy" benchmarks/.venv-peers/bin/py-spy
+    python3 -m pip install -q --no-index --no-deps --target "$SITE-spy" "$wheel" \
+        && ln -sf "$SITE-spy/bin/py-spy" benchmarks/.venv-peers/bin/py-spy
 done
 export PATH="$KIT/bin:$PATH" LD_LIBRARY_PATH="$KIT/bin" PYTHONUNBUFFERED=1
 
