@@ -228,17 +228,16 @@ def route(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
     return [ready[n] for n in names]
 
 
-def ordered(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
-    """`route`, with the replica set looked at again (`Gateway.look`) before a refusal: a
-    quiet worker's view lags the keeper's by up to its follower's interval, where a replica
-    that came back is already ready in the other workers' (and in the /ready they answer)."""
-    order = route(gw, key, pin)
-    if not order and gw.look is not None:
+def looked_again(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]:
+    """Where `route` found no ready replica: the replica set looked at again (`Gateway.look`)
+    and routed over, else the refusal. A quiet worker's view lags the keeper's by up to its
+    follower's interval, where a replica that came back is already ready in the other workers'
+    (and in the /ready they answer)."""
+    if gw.look is not None:
         gw.look()
-        order = route(gw, key, pin)
-    if not order:
-        raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
-    return order
+        if order := route(gw, key, pin):
+            return order
+    raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
 
 
 def _pinned(gw: Gateway, pin: str) -> list[Replica]:
@@ -395,7 +394,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
                 audit: bool, request_digest: str | None = None) -> Forwarded:
     """`request_digest`: `raw`'s, where the caller has it (else hashed for the answer)."""
     key = router.key_of_parts(raw)
-    order = route(gw, key, pin) or ordered(gw, key, pin)  # the second: a refusal's path
+    order = route(gw, key, pin) or looked_again(gw, key, pin)
     caps, mode = gw.identity.capabilities, gw.path_settings.serialize
     pooling = path in POOLING_PATHS
     alone = not pooling and must_run_alone(body, caps, mode)

@@ -10,7 +10,7 @@ import pytest
 from grm_service.config import Settings
 from grm_service.errors import ServiceUnavailable
 from grm_service.gateway.request import router
-from grm_service.gateway.request.proxy import Gateway, ordered
+from grm_service.gateway.request.proxy import Gateway, looked_again
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
@@ -111,11 +111,11 @@ def test_a_worker_looks_again_before_it_refuses_for_want_of_a_ready_replica(
                         metrics=Metrics(), identity=follower.identity, look=look)
                 for look in (follower.look, None)]
     with pytest.raises(ServiceUnavailable):
-        ordered(gateways[0], 7, "r0")  # down in the snapshot too: refused after the look
+        looked_again(gateways[0], 7, "r0")  # down in the snapshot too: refused after the look
     publish(ReplicaState.READY, 2)  # back, and the follower's loop has not looked yet
     with pytest.raises(ServiceUnavailable):
-        ordered(gateways[1], 7, "r0")  # without the look
-    assert [r.name for r in ordered(gateways[0], 7, "r0")] == ["r0"]
+        looked_again(gateways[1], 7, "r0")  # without the look
+    assert [r.name for r in looked_again(gateways[0], 7, "r0")] == ["r0"]
     assert follower.version == 2
     path.write_text('{"version": 3, "repl')  # not what the keeper writes: logged, kept as was
     follower.look()
