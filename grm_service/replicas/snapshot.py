@@ -165,21 +165,23 @@ class Follower:
 
     async def _run(self) -> None:
         while True:
-            try:
-                self.refresh()
-                if self._tend is not None:
+            if self.look() and self._tend is not None:
+                try:
                     self._tend()
-            except Exception:
-                log.exception("reading the replica snapshot failed; retrying")
+                except Exception:
+                    log.exception("tending the replica gates failed; retrying")
             await asyncio.sleep(self.interval())
 
-    def look(self) -> None:
-        """`refresh` between the loop's looks, its failure logged as there: before a request
-        is refused for want of a ready replica, and by /ready (`Gateway.look`)."""
+    def look(self) -> bool:
+        """`refresh`, its failure logged (the next look tries again): the loop's, and one
+        before a request is refused for want of a ready replica, and by /ready
+        (`Gateway.look`). False where the read failed."""
         try:
             self.refresh()
         except Exception:
             log.exception("reading the replica snapshot failed; retrying")
+            return False
+        return True
 
     def interval(self) -> float:
         """Seconds until the next look."""

@@ -105,7 +105,7 @@ class Gateway:
     # A fresh look at the replica set before a request is refused for want of a ready replica
     # (a worker's follower: its view lags the keeper's by its interval); None where the keeper
     # is in this process and its pool is the set itself.
-    look: Callable[[], None] | None = None
+    look: Callable[[], object] | None = None
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
