@@ -299,6 +299,12 @@ class Settings(BaseSettings):
     ledger_cache_score: bool = Field(
         True, description="Answer a repeated /v1/score item from the ledger."
     )
+    # A hit tells the asker that someone sent that exact request: across API keys, one
+    # client learns of another's requests. The key's digest scopes the cache, never the key.
+    ledger_cache_shared: bool = Field(
+        False, description="Answer one API key's request from another key's record or "
+        "computation in flight (off: each key's repeats are answered from its own)."
+    )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
         description="Replica logs and temp folders.",

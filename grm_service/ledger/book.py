@@ -13,7 +13,8 @@ not worth a request the cache never answers either.
 
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
-`/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT.
+`/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT; and
+within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Key`'s scope).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Ledger:
         # Read on every request: plain attributes, not a pydantic model's (proxy.PathSettings).
         self._cache_score = settings.ledger_cache_score
         self._cache_chat = settings.ledger_cache_chat
+        self._per_key = not settings.ledger_cache_shared
         self._keep_all = settings.ledger_bodies is LedgerBodies.ALL
         self._keep_tagged = settings.ledger_bodies is LedgerBodies.TAGGED
         location = settings.ledger_location
@@ -96,15 +98,16 @@ class Ledger:
         once for the key and the fingerprint), recorded. `serve` makes an answer of a recorded
         payload and fingerprint (a hit, a coalesced one); `expected_id` gives the fingerprint id
         the answer would carry (None: not known yet)."""
+        scope = origin.key_id if self._per_key else ""
         expected = expected_id()
         if expected is None:
             computed = await compute()
-            self.record(path, raw, origin, computed, "", indexed=True)
+            self.record(path, raw, origin, computed, "", scope)
             return computed, ""
-        key: Key = (expected, request_digest, path)
+        key: Key = (expected, request_digest, path, scope)
         answer, how = await self._cached(key, compute, serve)
         self._outcomes[how or "miss"].inc()
-        self.record(path, raw, origin, answer, how, indexed=True)
+        self.record(path, raw, origin, answer, how, scope)
         return answer, how
 
     async def _cached(self, key: Key, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
@@ -129,8 +132,9 @@ class Ledger:
             return None  # the store is down: compute it (the writer counts and logs)
 
     def record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
-               answer: Answer, how: str = "", indexed: bool = False) -> None:
-        """`indexed`: whether the cache may answer this request's repeats (they look it up)."""
+               answer: Answer, how: str = "", scope: str | None = None) -> None:
+        """`scope`: the cache's scope this request's repeats look it up in (`cache.Key`); None
+        where the cache never answers them."""
         keep = self._keep_all or (self._keep_tagged and origin.run)
         size = _RECORD_BYTES + (sum(map(len, raw)) if keep else 0)
         # The engine's bytes, where there are some, and not the payload: a record waits for
@@ -141,7 +145,7 @@ class Ledger:
         body = (raw[0] if len(raw) == 1 and type(raw[0]) is bytes else tuple(raw)) if keep else None
         self.writer.add(row(time.time(), origin, path, digests, body,
                             answer.engine_json or answer.payload, self._fields_text(answer),
-                            how, indexed), size)
+                            how, scope), size)
 
     def _fields_text(self, answer: Answer) -> str:
         """`fields_json` of the answer's fingerprint, rendered once per stamp: without the

@@ -1,9 +1,12 @@
 """An identical request answered once: from the record, or by the computation in flight.
 
-The key is (fingerprint id, request digest, engine path): the fingerprint id names the seed, the
-model's files and the numerics environment, so a new model, engine or env never matches a record
-of the old one. Recent answers are kept in memory (`Recent`); older ones are looked up in the
-store, on the reader's thread. An answer is whatever the request path makes of an engine's
+The key is (fingerprint id, request digest, engine path, scope): the fingerprint id names the
+seed, the model's files and the numerics environment, so a new model, engine or env never matches
+a record of the old one. The scope is the asker's key id (`records.key_id`, a digest of the API
+key): a hit tells its asker that someone sent that exact request, so one key is answered from
+its own records and computations only; "" where the cache is shared (GRM_LEDGER_CACHE_SHARED).
+Recent answers are kept in memory (`Recent`); older ones are looked up in the store, on the
+reader's thread. An answer is whatever the request path makes of an engine's
 payload and its fingerprint fields (`Answer`): the ledger keeps those two, nothing else.
 """
 
@@ -14,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-Key = tuple[str, str, str]
+Key = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
 
 
 class Answer(Protocol):

@@ -83,26 +83,32 @@ class Selection:
                 and (self.last_step is None or (step is not None and step <= self.last_step)))
 
 
-def lookup_key(fingerprint_id: str, request_digest: str, path: str) -> int:
-    """The cache's key as one signed 64-bit integer, the lookup index's only column.
+def lookup_key(fingerprint_id: str, request_digest: str, path: str, scope: str = "") -> int:
+    """The cache's key (`cache.Key`) as one signed 64-bit integer, the lookup index's only column.
 
     An index on the text columns themselves took each write to a random leaf page of an index
-    several times this size (benchmarks/bench_ledger_store.py); a lookup still compares the three
-    columns, so two keys that share this integer are told apart."""
-    raw = "\x1f".join((fingerprint_id, request_digest, path)).encode()
+    several times this size (benchmarks/bench_ledger_store.py); a lookup still compares the
+    columns, so two keys that share this integer are told apart. The shared scope ("") hashes
+    as the ledgers written before scopes did: their records are found where the cache is shared,
+    and are missed (recomputed, never another key's) where it is per key."""
+    parts = (fingerprint_id, request_digest, path, scope) if scope else (
+        fingerprint_id, request_digest, path)
+    raw = "\x1f".join(parts).encode()
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
 
 
 def row(at: float, origin: Origin, path: str, digests: tuple[str, str, str], body: Any,
-        payload: Any, fields: str, cache: str, indexed: bool) -> tuple[Any, ...]:
+        payload: Any, fields: str, cache: str, scope: str | None) -> tuple[Any, ...]:
     """One record's values in `COLUMNS`' order. `digests`: fingerprint id, request and response
-    digests. As the request path leaves it (`finished` makes it ready for the store, where the
-    request path could not), `body` may be the canonical body's parts (an image request's long
-    strings, not joined on the loop) and `payload` a dict: a tuple of atoms only is what the
-    garbage collector stops walking while it waits for its write, which a record's objects
-    cost every answer meanwhile (benchmarks/cpu_inprocess.py)."""
+    digests. `scope`: the cache's scope its repeats are looked up in (`lookup_key`); None where
+    the cache never answers them (not in the lookup index). As the request path leaves it
+    (`finished` makes it ready for the store, where the request path could not), `body` may be
+    the canonical body's parts (an image request's long strings, not joined on the loop) and
+    `payload` a dict: a tuple of atoms only is what the garbage collector stops walking while it
+    waits for its write, which a record's objects cost every answer meanwhile
+    (benchmarks/cpu_inprocess.py)."""
     fp_id, request_digest, response_digest = digests
-    key = lookup_key(fp_id, request_digest, path) if indexed and not cache else None
+    key = None if scope is None or cache else lookup_key(fp_id, request_digest, path, scope)
     # A body of one piece and the engine's bytes (a chat answer's, nearly always) leave the
     # row finished, its size counted (never 0: `record_size` adds the columns'); a size of 0
     # is what `finished` completes on the writer's thread.
@@ -126,11 +132,12 @@ def finished(values: tuple[Any, ...]) -> tuple[Any, ...]:
             record_size(body, payload), *values[_SIZE + 1:])
 
 
-def row_values(record: Record) -> tuple[Any, ...]:
+def row_values(record: Record, scope: str = "") -> tuple[Any, ...]:
+    """`scope`: the cache's scope an indexed record is looked up in (`lookup_key`)."""
     return finished(row(record.at, record.origin, record.path,
                         (record.fingerprint_id, record.request_digest, record.response_digest),
                         record.body, record.payload, fields_json(record.fields), record.cache,
-                        record.indexed))
+                        scope if record.indexed else None))
 
 
 def from_values(record_id: int, values: Sequence[Any]) -> Record:
@@ -189,12 +196,14 @@ class Store(ABC):
         if batches:
             self._transaction(write)
 
-    def lookup(self, fingerprint_id: str, request_digest: str, path: str) -> Record | None:
-        """The newest computed (not itself cached) answer to this request by this identity."""
+    def lookup(self, fingerprint_id: str, request_digest: str, path: str,
+               scope: str = "") -> Record | None:
+        """The newest computed (not itself cached) answer to this request by this identity, in
+        the cache's `scope` ("": any key's; else a key id: that key's own)."""
         rows = self.query("SELECT record FROM ledger_lookup WHERE key = ? ORDER BY record DESC",
-                          [lookup_key(fingerprint_id, request_digest, path)])
+                          [lookup_key(fingerprint_id, request_digest, path, scope)])
         for (record_id,) in rows:  # one, but for a 64-bit collision
-            found = self.record(record_id)
+            found = self.record(record_id, scope or None)
             if found is not None and (found.fingerprint_id, found.request_digest, found.path,
                                       found.cache) == (fingerprint_id, request_digest, path, ""):
                 return found

@@ -229,3 +229,55 @@ async def test_digests_only_and_tagged_bodies(tmp_path: Path) -> None:
         await book.close()
         rows = open_store(str(path)).records(Selection())
         assert [r.body is not None for r in rows] == kept, bodies
+
+
+async def test_one_keys_repeat_is_never_answered_from_another_keys(ledger: Ledger) -> None:
+    """A hit would tell key B that someone sent that exact request: the cache is per key."""
+    engine = Engine()
+    other = Origin(SCORE_ROUTE, "key-b", "run-1", 3)
+    hows = [(await ask(ledger, origin, "grm-1", engine))[1] for origin in (SCORE, other, SCORE,
+                                                                            other)]
+    assert hows == ["", "", "hit", "hit"] and engine.calls == 2
+
+
+async def test_one_keys_request_in_flight_is_not_another_keys_answer(ledger: Ledger) -> None:
+    engine = Engine()
+    engine.gate.clear()
+    other = Origin(SCORE_ROUTE, "key-b")
+    tasks = [asyncio.create_task(ask(ledger, origin, "grm-1", engine))
+             for origin in (SCORE, other, SCORE)]
+    await asyncio.sleep(0)
+    await ledger.read(lambda _: None)  # every lookup back (see the test above)
+    await asyncio.sleep(0)
+    engine.gate.set()
+    hows = [how for _, how in await asyncio.gather(*tasks)]
+    assert engine.calls == 2 and hows == ["", "", "coalesced"]
+
+
+async def test_a_shared_cache_answers_every_key_from_one_record(tmp_path: Path) -> None:
+    engine = Engine()
+    book = Ledger(settings(tmp_path, ledger_cache_shared=True), Metrics())
+    book.start()
+    _, first = await ask(book, SCORE, "grm-1", engine)
+    _, other = await ask(book, Origin(SCORE_ROUTE, "key-b"), "grm-1", engine)
+    await book.close()
+    again = Ledger(settings(tmp_path, ledger_cache_shared=True), Metrics())  # from the store
+    again.start()
+    _, third = await ask(again, Origin(SCORE_ROUTE, "key-c"), "grm-1", engine)
+    await again.close()
+    assert (first, other, third) == ("", "hit", "hit") and engine.calls == 1
+
+
+async def test_a_per_key_hit_after_a_restart_is_the_keys_own(tmp_path: Path) -> None:
+    engine = Engine()
+    first = Ledger(settings(tmp_path), Metrics())
+    first.start()
+    await ask(first, SCORE, "grm-1", engine)
+    await first.close()
+    second = Ledger(settings(tmp_path), Metrics())
+    second.start()
+    _, other = await ask(second, Origin(SCORE_ROUTE, "key-b"), "grm-1", engine)
+    second.recent = type(second.recent)()  # from the store, not this process's memory
+    _, own = await ask(second, SCORE, "grm-1", engine)
+    await second.close()
+    assert (other, own) == ("", "hit") and engine.calls == 2

@@ -132,6 +132,27 @@ async def test_only_what_the_cache_may_answer_is_in_its_lookup_index(stub: Proc,
     assert all(r["fingerprint"]["cache"] == "hit" for r in again["results"])
 
 
+async def test_a_key_is_never_answered_from_another_keys_record(stub: Proc,
+                                                                tmp_path: Path) -> None:
+    """A hit tells its asker that someone sent that exact request: per key by default, shared
+    across keys only where GRM_LEDGER_CACHE_SHARED says so."""
+    body = {"scorer": "length", "items": ITEMS}
+    caches = []
+    for shared in (False, True):
+        where = tmp_path / str(shared)
+        where.mkdir()
+        over = {"api_keys": [KA, KB], "ledger_cache_shared": shared}
+        async with serving(settings(stub, where, **over)) as (hot, _), client(hot) as api:
+            await received(stub.url)
+            for key in (KA, KB, KB):
+                r = await api.post("/v1/score", json=body, headers=bearer(key))
+                caches.append([item["fingerprint"].get("cache") for item in r.json()["results"]])
+            computed = len(await received(stub.url))
+        caches.append([computed])
+    assert caches == [[None, None], [None, None], ["hit", "hit"], [4],  # per key
+                      [None, None], ["hit", "hit"], ["hit", "hit"], [2]]  # shared
+
+
 async def test_chat_cache_on_serves_the_recorded_bytes(stub: Proc, tmp_path: Path) -> None:
     async with serving(settings(stub, tmp_path, ledger_cache_chat=True)) as (hot, _), \
             client(hot) as api:
