@@ -28,7 +28,9 @@ from grm_service.config import (
 )
 from grm_service.engine_side.identity import compute_identity
 from grm_service.engines import select_engine
+from grm_service.errors import LedgerUnavailable
 from grm_service.gateway.serve import run_server
+from grm_service.ledger.location import check_location
 from grm_service.logs import setup_logging
 from grm_service.workers.manager import run_workers
 
@@ -95,9 +97,22 @@ def serve(
         served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
         launcher=launcher, ray_address=ray_address, ray_placement=ray_placement,
     )
+    check_ledger(settings)
     if settings.workers > 1:
         raise typer.Exit(run_workers(settings, log_level))
     raise typer.Exit(run_server(settings, log_level))
+
+
+def check_ledger(settings: Settings) -> None:
+    """A ledger location that can never work refuses the start, before any replica starts: a
+    service on it would answer and drop every record."""
+    if not settings.ledger:
+        return
+    try:
+        check_location(settings.ledger_location)
+    except LedgerUnavailable as err:
+        log.error("start-up refused: %s", err.message)
+        raise typer.Exit(2) from None
 
 
 @app.command(context_settings=_EXTRA)

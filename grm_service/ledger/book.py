@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from grm_service.config import LedgerBodies, Settings
 from grm_service.errors import LedgerUnavailable
 from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
-from grm_service.ledger.location import open_reader, open_store
+from grm_service.ledger.location import open_reader, open_store, shown
 from grm_service.ledger.records import Origin, Record, fields_json
 from grm_service.ledger.store import Store, row
 from grm_service.ledger.writer import Writer
@@ -179,10 +179,4 @@ class Ledger:
             self._reader_store = None
 
     def report(self) -> dict[str, Any]:
-        return {"location": _shown(self._location), **self.writer.report()}
-
-
-def _shown(location: str) -> str:
-    """A location fit to show: a postgresql:// URL without its credentials."""
-    scheme, sep, rest = location.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else location
+        return {"location": shown(self._location), **self.writer.report()}

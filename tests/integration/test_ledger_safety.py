@@ -4,6 +4,7 @@ a SIGKILL, an unreachable PostgreSQL, a full disk; and the ledger and replay com
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ from grm_service.ledger.query import all_records
 from grm_service.ledger.sqlite import SqliteStore
 from grm_service.ledger.store import Selection
 from tests.support.procs import Proc, free_port, gateway_on_stubs
+from tests.unit.ledger.test_location import bad_locations
 
 INTERVAL_S = 0.2
 # A batch handed to the writer is committed within this (a loaded machine included).
@@ -102,6 +104,29 @@ def test_an_unreachable_postgres_keeps_answering_and_counts(tmp_path: Path,
         assert dropped(gateway) == 20
     log = gateway.log.read_text()
     assert log.count("ledger: ") == 1 and "answers go on" in log and "none" in log
+
+
+def test_serve_on_a_ledger_that_can_never_work_refuses_to_start(tmp_path: Path) -> None:
+    """Each location at once, before any replica (none is reachable here) or port: a fast
+    non-zero exit naming the path and why, where a ready service dropped every record."""
+    locations = bad_locations(tmp_path)
+    started = time.monotonic()
+    serving = {name: subprocess.Popen(
+        [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(free_port()),
+         "--backend-url", f"http://127.0.0.1:{free_port()}", "--work-dir", str(tmp_path / name)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "GRM_LEDGER_URL": str(path)}) for name, (path, _) in locations.items()}
+    try:
+        for name, popen in serving.items():
+            out, _ = popen.communicate(timeout=60)
+            path, reason = locations[name]
+            assert popen.returncode == 2, (name, out)
+            assert str(path) in out and reason in out and "GRM_LEDGER=false" in out, (name, out)
+    finally:
+        for popen in serving.values():
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGKILL)
+    assert time.monotonic() - started < 30  # an import and a check, on a loaded machine
 
 
 @contextlib.contextmanager
