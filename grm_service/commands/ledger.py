@@ -2,7 +2,7 @@
 
     grm-service ledger runs                       runs, their steps and request counts
     grm-service ledger steps RUN                  one run's steps
-    grm-service ledger records --run R --steps 10:12 [--request-digest D]
+    grm-service ledger records --run R --steps 10:12 [--request-digest D] [--limit N | --all]
     grm-service ledger show ID                    one request: its body, answer, fingerprint
     grm-service ledger export OUT.jsonl --run R   rows `grm-service diff` reads
 """
@@ -23,7 +23,14 @@ from rich.table import Table
 from grm_service.config import Settings
 from grm_service.errors import LedgerUnavailable
 from grm_service.ledger.location import open_store
-from grm_service.ledger.query import all_records, detail, export_rows, parse_steps, summary
+from grm_service.ledger.query import (
+    all_records,
+    detail,
+    export_rows,
+    nothing_selected,
+    parse_steps,
+    summary,
+)
 from grm_service.ledger.store import Selection, Store
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Read the reward ledger back.")
@@ -41,6 +48,7 @@ Location = Annotated[str | None, typer.Option(
     help="SQLite file or postgresql:// URL (default: the serve default).")]
 Run = Annotated[str | None, typer.Option(help="Run tag; '' = untagged requests.")]
 Steps = Annotated[str | None, typer.Option(help="Steps a:b (both included), a:, :b or a.")]
+RECORD_COLUMNS = ["id", "run", "step", "route", "request_digest", "response_digest", "cache"]
 
 
 @contextmanager
@@ -95,13 +103,35 @@ def records(
     run: Run = None, steps: Steps = None,
     request_digest: Annotated[str | None, typer.Option(
         help="The request behind a reward: its fingerprint's request_digest.")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 100, ledger: Location = None,
+    limit: Annotated[int, typer.Option(min=1, help="Records in the table.")] = 100,
+    every: Annotated[bool, typer.Option(
+        "--all", help="Every selected record, streamed as tab-separated lines.")] = False,
+    ledger: Location = None,
 ) -> None:
     """The records of a run, steps or request, oldest first."""
+    chosen = selection(run, steps, request_digest)
     with opened(ledger) as store:
-        found = store.records(selection(run, steps, request_digest), limit)
-    _table("records", [summary(r) for r in found],
-           ["id", "run", "step", "route", "request_digest", "response_digest", "cache"])
+        if every:
+            _stream(summary(r) for r in all_records(store, chosen))
+            return
+        found = store.records(chosen, limit + 1)  # one more: whether the table holds them all
+        total = store.count(chosen) if len(found) > limit else None
+        empty = nothing_selected(store, run, steps, request_digest) if not found else ""
+    _table("records", [summary(r) for r in found[:limit]], RECORD_COLUMNS)
+    if len(found) > limit:
+        of = "" if total is None else f" of {total}"
+        console.print(f"showing the first {limit}{of} records: --limit N shows more, --all "
+                      "every one (streamed), `grm-service ledger export` writes them as JSONL")
+    elif empty:
+        console.print(empty)
+
+
+def _stream(rows: Iterator[dict[str, object]]) -> None:
+    """Tab-separated lines, a page of the store at a time: memory bounded whatever the count."""
+    sys.stdout.write("\t".join(RECORD_COLUMNS) + "\n")
+    for row in rows:
+        sys.stdout.write("\t".join("" if row.get(c) is None else str(row.get(c))
+                                   for c in RECORD_COLUMNS) + "\n")
 
 
 @ledger_app.command()

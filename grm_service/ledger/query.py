@@ -16,6 +16,7 @@ from grm_service.ledger.records import INT64_MAX, Record
 from grm_service.ledger.store import Selection, Store
 
 PAGE = 500
+_RUNS_NAMED = 8
 
 
 def parse_steps(text: str | None) -> tuple[int | None, int | None]:
@@ -33,6 +34,30 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
     if first is not None and last is not None and last < first:
         raise ValueError(f"steps {text!r}: the last step is before the first")
     return first, last
+
+
+def nothing_selected(store: Store, run: str | None, steps: str | None,
+                     request_digest: str | None = None) -> str:
+    """What to say where a selection holds no record: what it asked for, and the runs that are
+    on record (the first few; `grm-service ledger runs` lists them all)."""
+    asked = " ".join(part for part in (
+        f"--run {run!r}" if run is not None else "", f"--steps {steps}" if steps else "",
+        f"--request-digest {request_digest}" if request_digest else "") if part)
+    by = f" by {asked}" if asked else ""
+    runs = store.runs()
+    if not runs:
+        return f"no record selected{by}: the ledger holds no records"
+    named = ", ".join(_run_line(r) for r in runs[:_RUNS_NAMED])
+    more = f" and {len(runs) - _RUNS_NAMED} more" if len(runs) > _RUNS_NAMED else ""
+    return (f"no record selected{by}; runs on record: {named}{more} (`grm-service ledger "
+            "runs` lists them, `grm-service ledger steps RUN` a run's steps)")
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    name = repr(run["run"]) + (" (untagged)" if run["run"] == "" else "")
+    steps = (f", steps {run['first_step']}:{run['last_step']}"
+             if run["first_step"] is not None else "")
+    return f"{name}: {run['requests']} record(s){steps}"
 
 
 def summary(record: Record) -> dict[str, Any]:

@@ -231,6 +231,16 @@ class Store(ABC):
             lowest = first + 1
         return found
 
+    def count(self, selection: Selection) -> int | None:
+        """How many records are selected, from the tag lines (no blob read); None where the
+        selection names a request digest, which the tag lines do not hold."""
+        if selection.request_digest is not None:
+            return None
+        where, params = _tags_where(selection)
+        rows = self.query(f"SELECT COALESCE(SUM(t.records), 0) FROM ledger_tags t WHERE {where}",
+                          params)
+        return int(rows[0][0])
+
     def _batch_of(self, record_id: int) -> int:
         """The id of the batch that holds (or would hold) `record_id`; 0 before the first."""
         rows = self.query("SELECT id FROM ledger_batches WHERE id <= ? ORDER BY id DESC LIMIT 1",
