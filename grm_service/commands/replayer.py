@@ -9,7 +9,8 @@ content and logprobs, or a classifier's data) has the recorded response digest, 
 not taken from the answer. A difference is explained by `diffing.explain`: the first part of the
 fingerprint that differs (identity, seed, model, engine version, device, env, the request).
 An answer the deployment served from its own ledger (`cache` in its fingerprint) proves nothing
-about its engines: it is counted apart, never as a match.
+about its engines: it is counted apart, never as a match. Every differing record is named
+(`difference`): the first `shown` kept for the screen, every one handed to `sink` (a file).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ from grm_service.ledger.records import Record
 from grm_service.ledger.store import Selection, Store
 
 _PAGE = 500
+# Differing records named on the screen; a file (`--differences`) takes every one.
+SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -39,14 +42,24 @@ class Outcome:
     detail: str = ""
 
 
+def difference(outcome: Outcome) -> dict[str, Any]:
+    """A differing record, named: its id, request digest, run, step, and why it differs."""
+    record = outcome.record
+    return {"record": record.id, "request_digest": record.request_digest,
+            "run": record.origin.run or "", "step": record.origin.step, "path": record.path,
+            "cause": outcome.cause, "detail": outcome.detail}
+
+
 @dataclass
 class Report:
     total: int = 0
     matched: int = 0
     no_body: int = 0
     causes: Counter[str] = field(default_factory=Counter)
-    examples: dict[str, Outcome] = field(default_factory=dict)
     by_run: dict[str, list[int]] = field(default_factory=dict)  # run -> [matched, total]
+    differences: list[dict[str, Any]] = field(default_factory=list)  # the first `shown`
+    shown: int = SHOWN
+    sink: Callable[[dict[str, Any]], None] | None = None  # takes every difference
 
     def add(self, outcome: Outcome) -> None:
         run = outcome.record.origin.run or ""
@@ -58,11 +71,19 @@ class Report:
             counts[0] += 1
             return
         self.causes[outcome.cause] += 1
-        self.examples.setdefault(outcome.cause, outcome)
+        named = difference(outcome)
+        if len(self.differences) < self.shown:
+            self.differences.append(named)
+        if self.sink is not None:
+            self.sink(named)
 
     @property
     def ok(self) -> bool:
         return self.total > 0 and self.matched == self.total
+
+    @property
+    def differing(self) -> int:
+        return self.total - self.matched
 
 
 def _row(record_id: str, payload: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,9 +138,11 @@ async def _pages(store: Store, selection: Selection) -> AsyncIterator[list[Recor
 
 
 async def replay(store: Store, selection: Selection, url: str, concurrency: int,
-                 headers: Mapping[str, str], timeout_s: float = 600) -> Report:
-    """Every selected record re-sent, `concurrency` at a time, and compared."""
-    report = Report()
+                 headers: Mapping[str, str], timeout_s: float = 600,
+                 report: Report | None = None) -> Report:
+    """Every selected record re-sent, `concurrency` at a time, and compared (into `report`,
+    where given: its `sink` takes every difference as it is found)."""
+    report = Report() if report is None else report
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout_s, headers=dict(headers),
