@@ -100,3 +100,13 @@ def test_an_unknown_item_field_is_named() -> None:
         wire.ScoreItem.from_json({"id": "x", "imgae": "data:..."})
     with pytest.raises(ValueError, match="ScoreItem lacks id"):
         wire.ScoreItem.from_json({"image": "data:..."})
+
+
+@pytest.mark.parametrize(("answer", "why"), [
+    ([], "ScoreResponse is a JSON object, not list"),
+    ({"results": {}, "fingerprint": {}}, "ScoreResponse results is a list, not dict"),
+    ({"results": ["a"], "fingerprint": {}}, "ItemResult is a JSON object, not str"),
+])
+def test_an_answer_of_another_shape_is_named(answer: Any, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        wire.ScoreResponse.from_json(answer)
