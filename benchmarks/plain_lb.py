@@ -120,7 +120,9 @@ class PlainJudge:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
                  **columns: Any) -> list[float | None]:
         data = {k: v for k, v in columns.items() if k not in TRAINER_KWARGS}
-        items = to_items(prompts, completions, data, Job("judge"))
+        # The adapter's items (client records) as the judge scorer's functions take them.
+        items = [ScoreItem.model_validate(item.to_json())
+                 for item in to_items(prompts, completions, data, Job("judge"))]
         with httpx.Client(timeout=300) as client, ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda item: self._one(client, item), items))
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from grm_service.headers import RUN_HEADER, STEP_HEADER
-from grm_service.scoring.models import ItemResult, ScoreItem, ScoreResponse
+from grm_service.wire import ItemResult, ScoreItem, ScoreResponse
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 ItemLike = ScoreItem | Mapping[str, Any]
@@ -86,7 +86,7 @@ def step_headers(step: int | None) -> dict[str, str]:
 
 
 def as_items(items: Iterable[ItemLike]) -> list[ScoreItem]:
-    return [i if isinstance(i, ScoreItem) else ScoreItem.model_validate(i) for i in items]
+    return [i if isinstance(i, ScoreItem) else ScoreItem.from_json(i) for i in items]
 
 
 def chunks(items: Sequence[ScoreItem], size: int) -> list[list[ScoreItem]]:
@@ -97,7 +97,7 @@ def request_body(
     items: Sequence[ScoreItem], scorer: str, sampling: Mapping[str, Any] | None,
     options: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    return {"scorer": scorer, "items": [i.model_dump(exclude_none=True) for i in items],
+    return {"scorer": scorer, "items": [i.to_json() for i in items],
             "sampling": dict(sampling or {}), "options": dict(options or {})}
 
 
@@ -111,7 +111,7 @@ def parse(response: httpx.Response) -> ScoreResponse:
         except (ValueError, KeyError, TypeError):
             message = response.text[:500]
         raise RequestRejected(response.status_code, message)
-    return ScoreResponse.model_validate_json(response.content)
+    return ScoreResponse.from_json(response.json())
 
 
 class GrmClient:

@@ -20,8 +20,8 @@ from rich.table import Table
 from grm_service.client import GrmClient
 from grm_service.commands.local_service import ServeSpec, local_service
 from grm_service.commands.manifest import load_entries
-from grm_service.scoring.models import ItemResult
 from grm_service.tiny_models import ensure_tiny_model
+from grm_service.wire import ItemResult
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "manifest.jsonl"
 # Qwen2-VL's processor wants image and video limits; the tiny model's context is 512 tokens.

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grm_service.mime import encode_bytes
 from grm_service.scoring.context import ItemError
-from grm_service.scoring.images import encode_bytes
-from grm_service.scoring.models import ScoreItem
+from grm_service.wire import ScoreItem
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 

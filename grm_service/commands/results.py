@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from grm_service.scoring.models import ItemResult
+from grm_service.wire import ItemResult
 
 Format = Literal["jsonl", "csv"]
 CSV_FIELDS = ("id", "score", "status", "error", "response", "fingerprint_id", "replica",
@@ -90,7 +90,8 @@ class ResultWriter:
         if self._csv is not None:
             self._csv.writerow(csv_row(result))
         else:
-            self._handle.write(result.model_dump_json() + "\n")
+            self._handle.write(json.dumps(result.to_json(), ensure_ascii=False,
+                                       separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         self._handle.close()

@@ -25,7 +25,7 @@ from grm_service.commands.results import ResultWriter, format_of, read_rows
 from grm_service.config import EngineName
 from grm_service.fingerprint import json_digest
 from grm_service.scoring.context import ItemError
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.wire import ItemResult, ScoreItem
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)

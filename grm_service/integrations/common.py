@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.client import AsyncGrmClient, GrmClient, RetryPolicy
-from grm_service.scoring.images import encode_bytes
-from grm_service.scoring.models import ItemResult
+from grm_service.mime import encode_bytes
+from grm_service.wire import ItemResult
 
 URL_ENV = "GRM_SERVICE_URL"
 KEY_ENV = "GRM_API_KEY"

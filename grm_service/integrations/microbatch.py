@@ -14,12 +14,12 @@ import asyncio
 import json
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grm_service.client import AsyncGrmClient
 from grm_service.integrations.common import Endpoint
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.wire import ItemResult, ScoreItem
 
 WAIT_S = 0.05  # against seconds per OCR or judge answer: free
 
@@ -59,7 +59,7 @@ class MicroBatcher:
 
     async def _send(self, batch: list[tuple[ScoreItem, asyncio.Future[ItemResult]]]) -> None:
         # Ids unique within the batch (every call brings its own "0").
-        items = [item.model_copy(update={"id": str(i)}) for i, (item, _) in enumerate(batch)]
+        items = [replace(item, id=str(i)) for i, (item, _) in enumerate(batch)]
         try:
             answer = await self.client.score_batch(items, self.scorer, self.sampling,
                                                    self.options)

@@ -4,18 +4,19 @@ OpenRLHF POSTs `{"query": [...], "prompts": [...], "labels": [...]}`, where each
 prompt followed by the policy's response, decoded with the chat template's special tokens kept
 (`<|im_end|>` and the like), and reads `{"rewards", "scores", "extra_logs"}`. Every value in
 `extra_logs` must be one number per sample: OpenRLHF turns each into a tensor for its metrics.
+The gateway validates the body (`grm_service.gateway.edge.routes_integrations`) and hands this
+module the protocol's records; nothing here imports the server.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from grm_service.integrations.common import references
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.wire import ItemResult, ScoreItem
 
 # The reward of a failed item when the URL does not say (`?error_reward=`); `extra_logs.grm_error`
 # marks those samples, so they can be told apart from real zeros.
@@ -34,10 +35,11 @@ _AUTO_PATTERN = re.compile(
 )
 
 
-class RewardRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+@dataclass(frozen=True, kw_only=True)
+class RewardRequest:
+    """What OpenRLHF posts: prompt + response per sample, and the prompts and labels if given."""
 
-    query: list[str] = Field(min_length=1)
+    query: list[str]
     prompts: list[str] | None = None
     labels: list[Any] | None = None
 
@@ -109,6 +111,6 @@ def to_response(results: Sequence[ItemResult], error_reward: float) -> dict[str,
         "scores": values,
         "extra_logs": {"grm_error": [float(r.status == "error") for r in results]},
         "grm_errors": [r.error for r in results],
-        "grm_fingerprints": [r.fingerprint.model_dump() if r.fingerprint else None
+        "grm_fingerprints": [r.fingerprint.to_json() if r.fingerprint else None
                              for r in results],
     }

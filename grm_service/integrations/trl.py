@@ -31,7 +31,7 @@ from grm_service.integrations.common import (
     step_of,
     text_of,
 )
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.wire import ItemResult, ScoreItem
 
 log = logging.getLogger(__name__)
 

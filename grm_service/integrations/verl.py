@@ -45,7 +45,7 @@ from grm_service.integrations.common import (
 )
 from grm_service.integrations.microbatch import WAIT_S, batcher
 from grm_service.integrations.microbatch import close_clients as close_loop_clients
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.wire import ItemResult, ScoreItem
 
 __all__ = ["close_batch_clients", "close_clients", "compute_score", "compute_score_batch"]
 

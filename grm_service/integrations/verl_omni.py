@@ -32,8 +32,14 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from PIL import Image
+try:  # the client distribution's `verl-omni` extra (verl-omni's environment has both)
+    import numpy as np
+    from PIL import Image
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(
+        f"grm_service.integrations.verl_omni needs numpy and pillow ({missing.name} is not "
+        "installed): pip install 'grm-service-client[verl-omni]'", name=missing.name
+    ) from missing
 
 from grm_service.integrations.common import (
     KEY_ENV,
@@ -46,9 +52,8 @@ from grm_service.integrations.common import (
     reward_or,
 )
 from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
-from grm_service.mime import sniff_mime
-from grm_service.scoring.images import encode_bytes
-from grm_service.scoring.models import ItemResult, ScoreItem
+from grm_service.mime import encode_bytes, sniff_mime
+from grm_service.wire import ItemResult, ScoreItem
 
 __all__ = ["close_clients", "compute_score_ocr", "frames_of"]
 

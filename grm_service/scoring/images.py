@@ -8,8 +8,6 @@ and nothing is decoded here: bare base64 gets its media type from its first byte
 
 from __future__ import annotations
 
-import base64
-
 from grm_service.mime import is_data_url, sniff_mime
 from grm_service.scoring.context import ItemError
 
@@ -27,7 +25,3 @@ def to_data_url(value: str) -> str:
         raise ItemError("image is neither a data URL nor base64 of a PNG, JPEG, WebP, GIF, BMP "
                         "or TIFF")
     return f"data:{mime};base64,{value}"
-
-
-def encode_bytes(raw: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"

@@ -30,7 +30,7 @@ ITEMS = [
 def score(url: str, items: list[dict[str, Any]], batch_size: int) -> list[dict[str, Any]]:
     with GrmClient(url, batch_size=batch_size, concurrency=2) as client:
         results = client.score(items, "ocr", sampling=SAMPLING)
-    return [r.model_dump() for r in results]
+    return [r.to_json() for r in results]
 
 
 @pytest.fixture(scope="module")

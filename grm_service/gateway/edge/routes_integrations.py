@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from grm_service.errors import InvalidRequest
 from grm_service.gateway.edge.deps import gateway, origin
@@ -21,15 +22,27 @@ from grm_service.integrations.openrlhf import (
 from grm_service.ledger.book import SCORE_ROUTE
 from grm_service.ledger.records import Origin
 from grm_service.scoring.models import ScoreRequest
+from grm_service.wire import ItemResult
 
 router = APIRouter()
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
 
+class RewardBody(BaseModel):
+    """The schema of OpenRLHF's body (`openrlhf.RewardRequest`); other fields it sends are
+    ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    query: list[str] = Field(min_length=1)
+    prompts: list[str] | None = None
+    labels: list[Any] | None = None
+
+
 @router.post("/openrlhf/reward")
 async def openrlhf_reward(
-    req: RewardRequest, gw: GatewayDep, http: Request, asker: OriginDep,
+    req: RewardBody, gw: GatewayDep, http: Request, asker: OriginDep,
     scorer: Annotated[str, Query(description="Registered scorer to use.")] = "judge",
     error_reward: Annotated[
         float, Query(description="Reward of a failed item (flagged in extra_logs.grm_error).",
@@ -48,11 +61,14 @@ async def openrlhf_reward(
         raise InvalidRequest(cut)
     try:
         # pydantic's ValidationError is a ValueError: an empty scorer or no items is a 400.
-        request = ScoreRequest(scorer=scorer, items=to_items(req, special_tokens))
+        asked = RewardRequest(query=req.query, prompts=req.prompts, labels=req.labels)
+        items = [item.to_json() for item in to_items(asked, special_tokens)]
+        request = ScoreRequest.model_validate({"scorer": scorer, "items": items})
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
     # The trainer's tags come as headers (x-grm-run, x-grm-step), where its client sends them.
     with gw.batch():
         answer = await run_score(gw, request, Origin(SCORE_ROUTE, asker.key_id, asker.run,
                                                      asker.step))
-    return to_response(answer.results, error_reward)
+    results = [ItemResult.from_json(r.model_dump(mode="json")) for r in answer.results]
+    return to_response(results, error_reward)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from grm_service.commands.results import ResultWriter, read_rows
-from grm_service.scoring.models import ItemResult
+from grm_service.wire import ItemResult
 
 
 def result(i: int) -> ItemResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grm_service.integrations import openrlhf
-from grm_service.scoring.models import ItemResult
+from grm_service.wire import ItemResult
 
 
 def result(score: float | None, status: str = "ok") -> ItemResult:

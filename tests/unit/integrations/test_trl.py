@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from grm_service.integrations import common, trl
-from grm_service.scoring.models import ItemResult
+from grm_service.wire import ItemResult
 
 
 def result(score: float | None, status: str = "ok") -> ItemResult:

@@ -17,7 +17,7 @@ from grm_service.client import AsyncGrmClient
 from grm_service.integrations import verl_omni
 from grm_service.integrations.common import ScoringError
 from grm_service.integrations.microbatch import MicroBatcher
-from grm_service.scoring.models import ScoreItem
+from grm_service.wire import ScoreItem
 
 
 def video(frames: int, shape: str) -> np.ndarray:
