@@ -14,7 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from grm_service import cli
 from grm_service.errors import ModelNotFound
 from grm_service.model_source import check_model, looks_like_path
 from tests.support.procs import free_port
@@ -138,3 +140,12 @@ def test_serve_refuses_it_before_any_engine_starts(
     assert done.returncode == 2, done.stderr
     assert model in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert not work.exists()
+
+
+def test_score_serve_refuses_it_before_its_service_starts(tmp_path: Path) -> None:
+    out = tmp_path / "scores.jsonl"
+    done = CliRunner().invoke(cli.app, ["score", str(tmp_path), "-o", str(out), "--serve",
+                                        "--model", str(tmp_path / "missing")])
+    said = " ".join(done.output.replace("│", " ").split())  # the error box, unwrapped
+    assert done.exit_code == 2 and "does not exist" in said, done.output
+    assert not out.exists()

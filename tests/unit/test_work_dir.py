@@ -23,34 +23,37 @@ from tests.support.procs import Proc, start_gateway, wait_ready
 PID = os.getpid()
 
 
-def default(root: Path, port: int) -> Settings:
-    """A service without --work-dir: its work dir is the run root, as the default is."""
-    settings = Settings(model="/m", port=port).model_copy(update={"work_dir": root})
-    settings.model_fields_set.discard("work_dir")
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run root of services without --work-dir, in the test's own HOME."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert run_root() == tmp_path / ".cache" / "grm-service" / "run"
+    return run_root()
+
+
+def default(port: int) -> Settings:
+    """A service without --work-dir."""
+    settings = Settings(model="/m", port=port)
+    assert "work_dir" not in settings.model_fields_set and settings.work_dir == run_root()
     return settings
 
 
-def test_the_default_is_a_folder_below_the_run_root() -> None:
-    assert run_root() == Settings(model="/m").work_dir
-    assert "work_dir" not in Settings(model="/m").model_fields_set
-
-
-def test_services_on_two_ports_take_two_folders(tmp_path: Path) -> None:
-    with claimed(default(tmp_path, 8000), PID) as a, claimed(default(tmp_path, 8001), PID) as b:
-        assert (a.work_dir, b.work_dir) == (tmp_path / "port-8000", tmp_path / "port-8001")
+def test_services_on_two_ports_take_two_folders(root: Path) -> None:
+    with claimed(default(8000), PID) as a, claimed(default(8001), PID) as b:
+        assert (a.work_dir, b.work_dir) == (root / "port-8000", root / "port-8001")
         assert a.ledger_location != b.ledger_location
-        assert a.ledger_location == str(tmp_path / "port-8000" / "ledger.sqlite")
+        assert a.ledger_location == str(root / "port-8000" / "ledger.sqlite")
 
 
-def test_a_held_folder_is_never_shared_and_is_free_again_once_let_go(tmp_path: Path) -> None:
+def test_a_held_folder_is_never_shared_and_is_free_again_once_let_go(root: Path) -> None:
     """flock belongs to an open file: a second claim in this process meets the first's lock as
     another process's would."""
-    with claimed(default(tmp_path, 8000), PID) as first:
-        with claimed(default(tmp_path, 8000), PID) as second:
-            assert second.work_dir == tmp_path / f"port-8000-pid-{PID}"
+    with claimed(default(8000), PID) as first:
+        with claimed(default(8000), PID) as second:
+            assert second.work_dir == root / f"port-8000-pid-{PID}"
         assert f"pid {PID}" in (first.work_dir / LOCK_FILE).read_text()
-    with claimed(default(tmp_path, 8000), PID) as again:
-        assert again.work_dir == tmp_path / "port-8000"  # the same service, its ledger again
+    with claimed(default(8000), PID) as again:
+        assert again.work_dir == root / "port-8000"  # the same service, its ledger again
 
 
 def test_a_work_dir_given_on_purpose_is_refused_while_another_holds_it(tmp_path: Path) -> None:
