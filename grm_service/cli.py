@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from grm_service.commands.backend import exec_backend, replica_identity
 from grm_service.commands.demo import demo_command
 from grm_service.commands.ledger import ledger_app
 from grm_service.commands.replay import replay_command
@@ -28,11 +27,9 @@ from grm_service.config import (
     Settings,
 )
 from grm_service.errors import ModelNotFound, WorkDirBusy
-from grm_service.gateway.serve import run_server
 from grm_service.logs import setup_logging
 from grm_service.model_source import check_model
 from grm_service.work_dir import claimed
-from grm_service.workers.manager import run_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Deterministic scoring service for reward models.")
@@ -128,6 +125,10 @@ def serve(
     setup_logging(log_level)
     settings = settings_of(ctx.params, ctx.args)
     check_model_source(settings)
+    # The server's modules only now: a refused setting is said before a second of imports.
+    from grm_service.gateway.serve import run_server
+    from grm_service.workers.manager import run_workers
+
     try:
         with claimed(settings, os.getpid()) as mine:
             log.info("work dir %s (replica logs); ledger %s", mine.work_dir,
@@ -151,6 +152,8 @@ def fingerprint(
 ) -> None:
     """Print the fingerprint id, model hash and env-digest inputs a replica started with these
     settings on this host would report, without starting anything. Engine args go after `--`."""
+    from grm_service.commands.backend import replica_identity
+
     setup_logging("warning")
     settings = settings_of(ctx.params, ctx.args)
     identity = replica_identity(settings)
@@ -177,6 +180,8 @@ def backend(
     setup_logging("info")
     settings = settings_of(ctx.params, ctx.args)
     check_model_source(settings)
+    from grm_service.commands.backend import exec_backend  # after the check, as serve's
+
     exec_backend(settings)
 
 
