@@ -16,6 +16,13 @@ from tests.support.cli import options, settings_for
 SETTINGS_COMMANDS = ("serve", "backend", "fingerprint")
 
 
+def env_var(option: str) -> str:
+    """The variable the settings model reads for the option's field (GRM_<FIELD>)."""
+    field = cli.FIELD_OF.get(option, option)
+    assert field in Settings.model_fields or field in cli.CLI_ONLY, option
+    return cli.CLI_ONLY.get(field) or f"GRM_{field.upper()}"
+
+
 @pytest.mark.parametrize("name", SETTINGS_COMMANDS)
 def test_every_option_has_the_env_var_of_its_setting(name: str) -> None:
     """A new option without an env var, or with one the settings model does not read, fails."""
@@ -23,11 +30,8 @@ def test_every_option_has_the_env_var_of_its_setting(name: str) -> None:
     assert found
     for option in found:
         assert option.name is not None
-        field = cli.FIELD_OF.get(option.name, option.name)
-        expected = cli.CLI_ONLY.get(field) or f"GRM_{field.upper()}"
-        assert option.envvar == expected, option.name
+        assert option.envvar == env_var(option.name), option.name
         assert option.show_envvar, option.name
-        assert field in Settings.model_fields or field in cli.CLI_ONLY, option.name
 
 
 def test_serve_help_names_the_env_var_of_every_option() -> None:
@@ -38,8 +42,9 @@ def test_serve_help_names_the_env_var_of_every_option() -> None:
         text=True, timeout=120, check=True, env={**os.environ, "COLUMNS": "400"}).stdout
     lines = {line.split()[1]: line for line in shown.splitlines() if line[2:4] == "--"}
     for option in options("serve"):
+        assert option.name is not None
         flag = option.opts[0]
-        assert f"[env var: {option.envvar}]" in lines[flag], (flag, shown)
+        assert f"[env var: {env_var(option.name)}]" in lines[flag], (flag, shown)
 
 
 def test_a_repeatable_options_env_var_is_read_as_the_settings_read_it(
