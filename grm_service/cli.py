@@ -79,6 +79,14 @@ def check_model_source(settings: Settings) -> None:
         raise typer.BadParameter(err.message, param_hint="'--model' (GRM_MODEL)") from None
 
 
+def ledger_shown(settings: Settings) -> str:
+    """Where the ledger is, for the start-up log: a URL may hold a password, a file path not."""
+    if not settings.ledger:
+        return "off"
+    location = settings.ledger_location
+    return "at GRM_LEDGER_URL (a database)" if "://" in location else location
+
+
 Model = Annotated[str | None, option("model", "Model folder or hub id.")]
 Seed = Annotated[int | None, option("seed", "Seed of every replica and request.")]
 Engine = Annotated[EngineName | None, option("engine", "Engine profile.")]
@@ -131,8 +139,7 @@ def serve(
 
     try:
         with claimed(settings, os.getpid()) as mine:
-            log.info("work dir %s (replica logs); ledger %s", mine.work_dir,
-                     mine.ledger_location if mine.ledger else "off")
+            log.info("work dir %s (replica logs); ledger %s", mine.work_dir, ledger_shown(mine))
             code = (run_workers(mine, log_level) if mine.workers > 1
                     else run_server(mine, log_level))
     except WorkDirBusy as err:

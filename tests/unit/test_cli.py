@@ -55,3 +55,11 @@ def test_a_repeatable_options_env_var_is_read_as_the_settings_read_it(
     assert settings_for("serve", []).backend_urls == ["http://a:1", "http://b:2", "http://c:3"]
     given = settings_for("serve", ["--backend-url", "http://d:4", "--backend-url", "http://e:5"])
     assert given.backend_urls == ["http://d:4", "http://e:5"]
+
+
+def test_the_start_up_log_names_the_ledger_file_never_a_database_password() -> None:
+    path = Settings(model="/m", work_dir="/srv/run/port-8000")
+    assert cli.ledger_shown(path) == "/srv/run/port-8000/ledger.sqlite"
+    database = Settings(model="/m", ledger_url="postgresql://grm:s3cret@db:5432/ledger")
+    assert "s3cret" not in cli.ledger_shown(database)
+    assert cli.ledger_shown(Settings(model="/m", ledger=False)) == "off"
