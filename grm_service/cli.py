@@ -6,13 +6,13 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from grm_service.commands.backend import exec_backend, replica_spec
 from grm_service.commands.demo import demo_command
 from grm_service.commands.ledger import ledger_app
 from grm_service.commands.replay import replay_command
@@ -26,13 +26,10 @@ from grm_service.config import (
     SerializeMode,
     Settings,
 )
-from grm_service.engine_side.identity import compute_identity
-from grm_service.engines import select_engine
-from grm_service.errors import LedgerUnavailable
-from grm_service.gateway.serve import run_server
-from grm_service.ledger.location import check_location
+from grm_service.errors import LedgerUnavailable, ModelNotFound, WorkDirBusy
 from grm_service.logs import setup_logging
-from grm_service.workers.manager import run_workers
+from grm_service.model_source import check_model
+from grm_service.work_dir import claimed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Deterministic scoring service for reward models.")
@@ -53,54 +50,102 @@ def build_settings(**given: Any) -> Settings:
         raise typer.BadParameter(problems) from None
 
 
-Model = Annotated[str | None, typer.Option(help="Model folder or hub id. [env GRM_MODEL]")]
-Seed = Annotated[int | None, typer.Option(help="Seed of every replica and request. [GRM_SEED]")]
-Engine = Annotated[EngineName | None, typer.Option(help="Engine profile. [GRM_ENGINE]")]
-Dtype = Annotated[str | None, typer.Option(help="Engine dtype. [GRM_DTYPE]")]
+# Options whose name is not their settings field's, and options that are no setting at all.
+FIELD_OF = {"backend_url": "backend_urls"}
+CLI_ONLY = {"log_level": "GRM_LOG_LEVEL"}
+
+
+def settings_of(params: Mapping[str, Any], args: Sequence[str]) -> Settings:
+    """The settings of a parsed `serve`, `backend` or `fingerprint` (its context's params and
+    args): its options by field name, the words after `--` as engine args."""
+    given = {FIELD_OF.get(k, k): v for k, v in params.items() if k not in CLI_ONLY}
+    return build_settings(**given, engine_args=list(args))
+
+
+def option(field: str, help: str) -> Any:
+    """An option that is also the settings field's env var, read and shown in --help as click
+    does it (typer's rich help would take a `[...]` written into the help text for markup)."""
+    return typer.Option(envvar=CLI_ONLY.get(field, f"GRM_{field.upper()}"), help=help)
+
+
+def check_model_source(settings: Settings) -> None:
+    """A model no local engine could load is refused before any starts. Attached replicas and
+    Ray's load it on their own hosts, which this one cannot see."""
+    if settings.attach or settings.launcher is not Launcher.LOCAL:
+        return
+    try:
+        check_model(settings.model, {**os.environ, **settings.engine_env}, Path.cwd())
+    except ModelNotFound as err:
+        raise typer.BadParameter(err.message, param_hint="'--model' (GRM_MODEL)") from None
+
+
+def ledger_shown(settings: Settings) -> str:
+    """Where the ledger is, for the start-up log: a URL may hold a password, a file path not."""
+    if not settings.ledger:
+        return "off"
+    location = settings.ledger_location
+    return "at GRM_LEDGER_URL (a database)" if "://" in location else location
+
+
+Model = Annotated[str | None, option("model", "Model folder or hub id.")]
+Seed = Annotated[int | None, option("seed", "Seed of every replica and request.")]
+Engine = Annotated[EngineName | None, option("engine", "Engine profile.")]
+Dtype = Annotated[str | None, option("dtype", "Engine dtype.")]
+MaxModelLen = Annotated[int | None, option("max_model_len", "Engine context length.")]
+ServedName = Annotated[str | None, option("served_model_name",
+                                          "Name clients send as `model` (default: --model).")]
+LogLevel = Annotated[str, option("log_level", "Logging level.")]
 
 
 @app.command(context_settings=_EXTRA)
 def serve(
     ctx: typer.Context,
     model: Model = None,
-    replicas: Annotated[int | None, typer.Option(help="Replicas to launch. [GRM_REPLICAS]")] = None,
+    replicas: Annotated[int | None, option("replicas", "Replicas to launch.")] = None,
     seed: Seed = None,
-    host: Annotated[str | None, typer.Option(help="Bind address. [GRM_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="Gateway port. [GRM_PORT]")] = None,
-    workers: Annotated[
-        int | None, typer.Option(help="Gateway processes on the port. [GRM_WORKERS]")
-    ] = None,
+    host: Annotated[str | None, option("host", "Bind address.")] = None,
+    port: Annotated[int | None, option("port", "Gateway port.")] = None,
+    workers: Annotated[int | None, option("workers", "Gateway processes on the port.")] = None,
     engine: Engine = None,
-    gpus: Annotated[str | None, typer.Option(help="GPU ids, e.g. 0,1. [GRM_GPUS]")] = None,
-    backend_url: Annotated[
-        list[str] | None, typer.Option(help="Attach a running replica (repeatable).")
+    gpus: Annotated[str | None, option("gpus", "GPU ids, e.g. 0,1.")] = None,
+    backend_url: Annotated[list[str] | None, option(
+        "backend_urls", "Attach a running replica (repeatable; the env var comma-separated).")
     ] = None,
-    serialize: Annotated[SerializeMode | None, typer.Option(help="[GRM_SERIALIZE]")] = None,
-    routing: Annotated[RoutingMode | None, typer.Option(help="[GRM_ROUTING]")] = None,
+    serialize: Annotated[SerializeMode | None, option(
+        "serialize", "One in-flight request per replica.")] = None,
+    routing: Annotated[RoutingMode | None, option("routing", "Replica choice.")] = None,
     dtype: Dtype = None,
-    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
-    max_tokens_default: Annotated[int | None, typer.Option(help="[GRM_MAX_TOKENS_DEFAULT]")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
-    work_dir: Annotated[Path | None, typer.Option(help="Logs, temp, caches.")] = None,
-    launcher: Annotated[Launcher | None, typer.Option(help="[GRM_LAUNCHER]")] = None,
-    ray_address: Annotated[str | None, typer.Option(help="[GRM_RAY_ADDRESS]")] = None,
-    ray_placement: Annotated[RayPlacement | None, typer.Option(help="[GRM_RAY_PLACEMENT]")] = None,
-    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    max_model_len: MaxModelLen = None,
+    max_tokens_default: Annotated[int | None, option(
+        "max_tokens_default", "max_tokens of a request that sets none.")] = None,
+    served_model_name: ServedName = None,
+    work_dir: Annotated[Path | None, option(
+        "work_dir", "Replica logs, temp folders, the ledger (default: a folder of its own "
+        "below ~/.cache/grm-service/run).")] = None,
+    launcher: Annotated[Launcher | None, option("launcher", "Where replicas run.")] = None,
+    ray_address: Annotated[str | None, option("ray_address", "Ray cluster address.")] = None,
+    ray_placement: Annotated[RayPlacement | None, option(
+        "ray_placement", "Replicas over Ray nodes.")] = None,
+    log_level: LogLevel = "info",
 ) -> None:
-    """Launch N deterministic replicas behind the gateway. Extra engine args go after `--`."""
+    """Launch N deterministic replicas behind the gateway. Extra engine args go after `--`
+    (or in GRM_ENGINE_ARGS); every other setting is a GRM_* env var (README)."""
     setup_logging(log_level)
-    settings = build_settings(
-        model=model, replicas=replicas, seed=seed, host=host, port=port, workers=workers,
-        engine=engine, gpus=gpus, backend_urls=backend_url, serialize=serialize, routing=routing,
-        dtype=dtype,
-        max_model_len=max_model_len, max_tokens_default=max_tokens_default,
-        served_model_name=served_model_name, work_dir=work_dir, engine_args=list(ctx.args),
-        launcher=launcher, ray_address=ray_address, ray_placement=ray_placement,
-    )
-    check_ledger(settings)
-    if settings.workers > 1:
-        raise typer.Exit(run_workers(settings, log_level))
-    raise typer.Exit(run_server(settings, log_level))
+    settings = settings_of(ctx.params, ctx.args)
+    check_model_source(settings)
+    # The server's modules only now: a refused setting is said before a second of imports.
+    from grm_service.gateway.serve import run_server
+    from grm_service.workers.manager import run_workers
+
+    try:
+        with claimed(settings, os.getpid()) as mine:
+            log.info("work dir %s (replica logs); ledger %s", mine.work_dir, ledger_shown(mine))
+            check_ledger(mine)
+            code = (run_workers(mine, log_level) if mine.workers > 1
+                    else run_server(mine, log_level))
+    except WorkDirBusy as err:
+        raise typer.BadParameter(err.message, param_hint="'--work-dir' (GRM_WORK_DIR)") from None
+    raise typer.Exit(code)
 
 
 def check_ledger(settings: Settings) -> None:
@@ -108,6 +153,8 @@ def check_ledger(settings: Settings) -> None:
     service on it would answer and drop every record."""
     if not settings.ledger:
         return
+    from grm_service.ledger.location import check_location
+
     try:
         check_location(settings.ledger_location)
     except LedgerUnavailable as err:
@@ -122,21 +169,16 @@ def fingerprint(
     seed: Seed = None,
     engine: Engine = None,
     dtype: Dtype = None,
-    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
+    max_model_len: MaxModelLen = None,
+    served_model_name: ServedName = None,
 ) -> None:
     """Print the fingerprint id, model hash and env-digest inputs a replica started with these
     settings on this host would report, without starting anything. Engine args go after `--`."""
+    from grm_service.commands.backend import replica_identity
+
     setup_logging("warning")
-    settings = build_settings(model=model, seed=seed, engine=engine, dtype=dtype,
-                              max_model_len=max_model_len, served_model_name=served_model_name,
-                              engine_args=list(ctx.args))
-    eng = select_engine(settings)
-    # The replica's own recipe, through the same function the replica runs on itself: the id
-    # printed here is the one a replica started with these settings on this host reports.
-    spec = replica_spec(settings, eng)
-    command = eng.command(spec, dict(os.environ))
-    identity = compute_identity(command.argv, command.env, settings.cache_dir)
+    settings = settings_of(ctx.params, ctx.args)
+    identity = replica_identity(settings)
     out = {"fingerprint_id": identity.fingerprint_id(settings.seed), **identity.model_dump()}
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
 
@@ -146,22 +188,23 @@ def backend(
     ctx: typer.Context,
     model: Model = None,
     seed: Seed = None,
-    host: Annotated[str | None, typer.Option(help="Engine bind address. [GRM_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="Engine port. [GRM_PORT]")] = None,
+    host: Annotated[str | None, option("host", "Engine bind address.")] = None,
+    port: Annotated[int | None, option("port", "Engine port.")] = None,
     engine: Engine = None,
     dtype: Dtype = None,
-    max_model_len: Annotated[int | None, typer.Option(help="[GRM_MAX_MODEL_LEN]")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="[GRM_SERVED_MODEL_NAME]")] = None,
-    work_dir: Annotated[Path | None, typer.Option(help="Replica logs and temp folders.")] = None,
+    max_model_len: MaxModelLen = None,
+    served_model_name: ServedName = None,
+    work_dir: Annotated[Path | None, option(
+        "work_dir", "Replica logs and temp folders.")] = None,
 ) -> None:
     """Run ONE deterministic replica in the foreground (one container per GPU; attach with
     `serve --backend-url`). Extra engine args go after `--`."""
     setup_logging("info")
-    exec_backend(build_settings(
-        model=model, seed=seed, host=host, port=port, engine=engine, dtype=dtype,
-        max_model_len=max_model_len, served_model_name=served_model_name, work_dir=work_dir,
-        engine_args=list(ctx.args),
-    ))
+    settings = settings_of(ctx.params, ctx.args)
+    check_model_source(settings)
+    from grm_service.commands.backend import exec_backend  # after the check, as serve's
+
+    exec_backend(settings)
 
 
 app.command("score", context_settings=_EXTRA)(score_command)

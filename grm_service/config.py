@@ -66,8 +66,12 @@ def _default_cache_dir() -> Path:
 
 
 def _split_csv(value: object) -> object:
+    """A comma-separated string, or a list of them: a repeated flag read from its env var comes as
+    the variable split on whitespace, each piece maybe still holding commas."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [part.strip() for item in value for part in item.split(",") if part.strip()]
     return value
 
 
@@ -307,7 +311,9 @@ class Settings(BaseSettings):
     )
     work_dir: Path = Field(
         default_factory=lambda: _default_cache_dir() / "run",
-        description="Replica logs and temp folders.",
+        description="Replica logs, temp folders and the ledger. Unset, each service takes a "
+        "folder of its own below this one (work_dir.py); given, it is refused while another "
+        "live service holds it.",
     )
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,

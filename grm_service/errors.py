@@ -23,6 +23,9 @@
     │   └── LedgerNotMoved        503  a ledger file of an earlier layout, read before a
     │                                  gateway (or `ledger upgrade`) moved it
     └── ConfigError               ---  invalid configuration found at start-up (CLI exits)
+        ├── ModelNotFound         ---  a model no engine could load: a missing folder, a hub
+        │                              id neither cached nor reachable (model_source.py)
+        └── WorkDirBusy           ---  a work dir another live service holds (work_dir.py)
 
 Lower-library errors (httpx, json) are translated into this tree where they occur; handlers map the
 tree to responses through `http_status` alone.
@@ -132,6 +135,14 @@ class LedgerNotMoved(LedgerUnavailable):
 
 class ConfigError(GrmError):
     code = "config_error"
+
+
+class ModelNotFound(ConfigError):
+    code = "model_not_found"
+
+
+class WorkDirBusy(ConfigError):
+    code = "work_dir_busy"
 
 
 def error_body(err: GrmError) -> dict[str, object]:

@@ -14,6 +14,7 @@ import os
 from typing import NoReturn
 
 from grm_service.config import Settings
+from grm_service.engine_side.identity import ReplicaIdentity, compute_identity
 from grm_service.engines import ChildCommand, Engine, ReplicaSpec, select_engine
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,14 @@ def replica_spec(settings: Settings, engine: Engine) -> ReplicaSpec:
     """Replica 0 of one: its own work dir, the engine's first GPU set (the container's GPU)."""
     return ReplicaSpec(name="r0", index=0, port=settings.port, work_dir=settings.work_dir / "r0",
                        gpus=engine.gpu_set(0))
+
+
+def replica_identity(settings: Settings) -> ReplicaIdentity:
+    """What a replica started with these settings on this host will report, nothing started:
+    its own recipe, through the same function the replica runs on itself."""
+    engine = select_engine(settings)
+    command = engine.command(replica_spec(settings, engine), dict(os.environ))
+    return compute_identity(command.argv, command.env, settings.cache_dir)
 
 
 def backend_command(settings: Settings, base_env: dict[str, str]) -> ChildCommand:

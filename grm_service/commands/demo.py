@@ -3,11 +3,15 @@
 It builds (or reuses) the tiny random VLM, serves it on CPU replicas, scores the sample images
 shipped in `grm_service/samples/` with the `ocr` scorer, prints scores and fingerprints, and
 stops everything. The model is random, so its transcripts and scores mean nothing: the point is
-that they are reproducible, bit for bit, with the same fingerprint.
+that they are reproducible, bit for bit, with the same fingerprint. It ends with the model's path
+and the `serve` and `score` commands that give that fingerprint and those transcripts by hand,
+printed from the same spec the demo started its service from.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +30,31 @@ from grm_service.wire import ItemResult
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "manifest.jsonl"
 # Qwen2-VL's processor wants image and video limits; the tiny model's context is 512 tokens.
 ENGINE_ARGS = ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')
+# The service's default seed, written out: a GRM_SEED in the shell changes neither the demo nor
+# the command it prints to reproduce it.
+SEED = 42
+PORT = 8000
+
+
+def demo_spec(model: Path, replicas: int, work_dir: Path) -> ServeSpec:
+    """The demo's service. Every setting its fingerprint depends on is a flag here (engine,
+    dtype, context length, eager mode, seed), so the command printed from it is the service."""
+    return ServeSpec(model=str(model), work_dir=work_dir, replicas=replicas, engine="vllm-cpu",
+                     dtype="float32", max_model_len=512, engine_args=ENGINE_ARGS, seed=SEED)
+
+
+def score_line(sampling: dict[str, int], port: int = PORT) -> str:
+    """The `grm-service score` that sends the demo's requests: its samples, its sampling."""
+    return shlex.join(["grm-service", "score", str(SAMPLES), "--url", f"http://127.0.0.1:{port}",
+                       "--sampling", json.dumps(sampling), "-o", "scores.jsonl"])
+
+
+def print_reproduction(console: Console, spec: ServeSpec, sampling: dict[str, int]) -> None:
+    console.print(f"The demo's model: {spec.model}")
+    console.print("The same service by hand (the same fingerprint id; with the score command, "
+                  "the same transcripts):")
+    console.print(spec.command_line(PORT), markup=False, highlight=False, soft_wrap=True)
+    console.print(score_line(sampling), markup=False, highlight=False, soft_wrap=True)
 
 
 def table(results: list[ItemResult], references: dict[str, str]) -> Table:
@@ -55,16 +84,16 @@ def demo_command(
     references = {e.id: e.reference or "" for e in entries}
     console.print("building (or reusing) the tiny random VLM ...")
     model = ensure_tiny_model("vlm")
+    console.print(f"model: {model}")
     items = [e.item() for e in entries]
+    sampling = {"max_tokens": max_tokens}
     with tempfile.TemporaryDirectory(prefix="grm-demo-") as work:
-        spec = ServeSpec(model=str(model), work_dir=Path(work), replicas=replicas,
-                         engine="vllm-cpu", dtype="float32", max_model_len=512,
-                         engine_args=ENGINE_ARGS)
+        spec = demo_spec(model, replicas, Path(work))
         console.print(f"starting {replicas} vllm-cpu replicas (about a minute) ...")
         with local_service(spec) as url, GrmClient(url, batch_size=len(items)) as client:
             start = time.perf_counter()
             for _ in range(repeat):
-                results = client.score(items, "ocr", sampling={"max_tokens": max_tokens})
+                results = client.score(items, "ocr", sampling=sampling)
             elapsed = time.perf_counter() - start
     console.print(table(results, references))
     rate = len(items) * repeat / elapsed
@@ -72,3 +101,4 @@ def demo_command(
                   f"({replicas} CPU replicas, max_tokens {max_tokens})")
     console.print("Random weights: the scores say nothing about OCR quality. Run it again: "
                   "the transcripts, scores and digests will be identical.")
+    print_reproduction(console, spec, sampling)

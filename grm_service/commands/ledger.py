@@ -20,7 +20,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grm_service.config import Settings
 from grm_service.errors import LedgerUnavailable
 from grm_service.ledger.location import open_store
 from grm_service.ledger.query import (
@@ -32,15 +31,22 @@ from grm_service.ledger.query import (
     summary,
 )
 from grm_service.ledger.store import Selection, Store
+from grm_service.work_dir import LEDGER_FILE, ledgers_below, run_root
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Read the reward ledger back.")
 console = Console()
 
 
-def default_location() -> str:
-    """Where `serve` keeps it by default (GRM_WORK_DIR/ledger.sqlite)."""
-    return str(Settings.model_fields["work_dir"].get_default(call_default_factory=True)
-               / "ledger.sqlite")
+def default_location(root: Path | None = None) -> str:
+    """Where `serve` keeps it by default: in its own work dir below the run root (work_dir.py).
+    One such ledger is read without naming it; of several, none is picked by guess."""
+    root = root or run_root()
+    found = ledgers_below(root)
+    if len(found) > 1:
+        raise typer.BadParameter(
+            f"{len(found)} services keep a ledger below {root}: "
+            + ", ".join(map(str, found)) + "; name one with --ledger", param_hint="--ledger")
+    return str(found[0] if found else root / LEDGER_FILE)
 
 
 Location = Annotated[str | None, typer.Option(

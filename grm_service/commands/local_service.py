@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -33,16 +34,28 @@ class ServeSpec:
     max_model_len: int | None = 512
     engine_args: tuple[str, ...] = ("--enforce-eager",)
     env: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None  # None: the child's own (GRM_SEED, else the default)
 
-    def argv(self, port: int) -> list[str]:
-        argv = [sys.executable, "-m", "grm_service.cli", "serve", "--model", self.model,
-                "--replicas", str(self.replicas), "--dtype", self.dtype,
-                "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(self.work_dir)]
+    def flags(self) -> list[str]:
+        """What the service runs, not where it listens or keeps its files."""
+        argv = ["--model", self.model, "--replicas", str(self.replicas), "--dtype", self.dtype]
         if self.engine:
             argv += ["--engine", self.engine]
         if self.max_model_len:
             argv += ["--max-model-len", str(self.max_model_len)]
-        return [*argv, "--", *self.engine_args]
+        if self.seed is not None:
+            argv += ["--seed", str(self.seed)]
+        return argv
+
+    def argv(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "grm_service.cli", "serve", *self.flags(),
+                "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(self.work_dir),
+                "--", *self.engine_args]
+
+    def command_line(self, port: int = 8000) -> str:
+        """The `grm-service serve` that runs this service by hand, in a work dir of its own."""
+        return shlex.join(["grm-service", "serve", *self.flags(), "--port", str(port),
+                           "--", *self.engine_args])
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import statistics
 import tempfile
@@ -23,7 +24,9 @@ from grm_service.commands.local_service import ServeSpec, local_service
 from grm_service.commands.manifest import Entry, ManifestError, load_entries
 from grm_service.commands.results import ResultWriter, format_of, read_rows
 from grm_service.config import EngineName
+from grm_service.errors import ModelNotFound
 from grm_service.fingerprint import json_digest
+from grm_service.model_source import check_model
 from grm_service.scoring.context import ItemError
 from grm_service.wire import ItemResult, ScoreItem
 
@@ -177,6 +180,8 @@ def score_command(
         raise typer.BadParameter("give exactly one of --url and --serve")
     if serve and not model:
         raise typer.BadParameter("--serve needs --model")
+    if serve:
+        _check_model(str(model))
     try:
         entries = load_entries(inputs)
         fmt = format_of(output, output_format)
@@ -192,6 +197,14 @@ def score_command(
         with local_service(spec) as started:
             code = execute(started, entries, job, output, fmt, resume, allow_errors)
     raise typer.Exit(code)
+
+
+def _check_model(model: str) -> None:
+    """Before the service starts: its `serve` would refuse the model, a minute later here."""
+    try:
+        check_model(model, dict(os.environ), Path.cwd())
+    except ModelNotFound as err:
+        raise typer.BadParameter(err.message, param_hint="--model") from None
 
 
 def serve_spec(work_dir: Path, model: str, replicas: int, engine: EngineName | None, dtype: str,

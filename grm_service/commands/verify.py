@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -39,14 +40,15 @@ def _print_mismatch(row: Row) -> None:
         console.print(f"[bold]{label}[/bold] fingerprint:", json.dumps(outcome["fingerprint"]))
 
 
-def _summary(report: Report) -> None:
-    table = Table(title="determinism check (items bitwise identical to the reference run)")
-    for column in ("condition", "identical", "total", "complete"):
-        table.add_column(column)
-    for row in report.rows:
-        table.add_row(row.condition, str(row.identical), str(row.total),
-                      "yes" if row.complete else "NO")
-    console.print(table)
+def _verdict(report: Report) -> None:
+    """One closing line: each row was printed once, as it completed."""
+    differ = sum(not row.complete for row in report.rows)
+    if not differ:
+        console.print(f"[green]all {len(report.rows)} conditions bitwise identical to the "
+                      "reference run[/green]")
+    else:
+        console.print(f"[red]{differ} of {len(report.rows)} conditions differ[/red] (the "
+                      "first differing item of each below)")
 
 
 def verify_command(
@@ -69,19 +71,25 @@ def verify_command(
         bodies = load_manifest(manifest) if manifest else builtin_probes(probes, max_tokens)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err), param_hint="--manifest") from None
+    raise typer.Exit(check(url, bodies, timeout, api_key, concurrency))
+
+
+def check(url: str, bodies: list[dict[str, Any]], timeout: float, api_key: str | None,
+          concurrency: int, transport: httpx.AsyncBaseTransport | None = None) -> int:
+    """Run the conditions, print each row once as it completes and a verdict; the exit code."""
     console.print(f"verifying {url} with {len(bodies)} probe item(s), {concurrency} in flight "
-                  "when loaded")
+                  "when loaded (items bitwise identical to the reference run / total)")
     try:
         report = asyncio.run(verify(url, bodies, timeout, on_row=_print_row, api_key=api_key,
-                                    concurrency=concurrency))
+                                    concurrency=concurrency, transport=transport))
     except AccessRefused as err:
         console.print(f"[red]{err}[/red]")
-        raise typer.Exit(2) from None
-    _summary(report)
+        return 2
+    _verdict(report)
     for row in report.rows:
         if row.first_mismatch is not None:
             _print_mismatch(row)
-    raise typer.Exit(0 if report.ok else 1)
+    return 0 if report.ok else 1
 
 
 def _identity(path: Path | None) -> dict[str, object] | None:

@@ -67,12 +67,13 @@ def start_stub(tmp: Path, *args: str) -> Proc:
 
 
 def start_gateway(tmp: Path, *args: str, env: dict[str, str] | None = None,
-                  tied: bool = False) -> Proc:
-    """`tied`: SIGTERM once this process is gone (`tied.py`: start it from the main thread)."""
+                  tied: bool = False, work_dir: bool = True) -> Proc:
+    """`tied`: SIGTERM once this process is gone (`tied.py`: start it from the main thread).
+    `work_dir`: a work dir of its own in `tmp`; else the service picks (its default)."""
     port = free_port()
     log = tmp / f"gateway-{port}.log"
     argv = [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--work-dir", str(tmp / f"work-{port}"), *args]
+            *(["--work-dir", str(tmp / f"work-{port}")] if work_dir else []), *args]
     if tied:
         argv = tie(argv)
     with log.open("wb") as out:
