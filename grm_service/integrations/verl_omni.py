@@ -75,6 +75,8 @@ def as_array(image: Any) -> np.ndarray:
     except (TypeError, ValueError) as err:  # ragged lists, objects numpy cannot hold
         raise ScoringError(f"solution_image of type {type(image).__name__} is not pixels: "
                            f"{err}") from None
+    if array.size == 0:
+        raise ScoringError(f"solution_image of shape {array.shape} holds no pixels")
     if array.dtype == np.uint8:
         return array
     if array.dtype.kind not in "fiu":

@@ -87,7 +87,8 @@ def test_what_is_not_pixels_is_refused(image: Any, message: str) -> None:
 
 
 @pytest.mark.parametrize("image", [np.zeros((4,), dtype=np.uint8), [[1, 2], [3]],
-                                   np.full((3, 4, 4), 2.0, dtype=np.float32)])
+                                   np.full((3, 4, 4), 2.0, dtype=np.float32),
+                                   np.zeros((3, 0, 4), dtype=np.float32)])
 async def test_a_sample_that_is_not_pixels_gets_error_score(image: Any) -> None:
     # verl-omni awaits the function without catching: a raise would end the training step.
     # Nothing is sent: the URL is never reached.
