@@ -32,8 +32,9 @@ TRUTH = "stub-0123456789abcdef"
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory,
             stub_pair: list[Proc]) -> Iterator[tuple[Proc, list[Proc]]]:
-    # Every run reaches a replica: no answer comes back from the ledger.
-    with gateway_on_stubs(tmp_path_factory.mktemp("verl-omni"), env=COMPUTE_REPEATS,
+    # Every call reaches a replica once: none is answered from the ledger or re-run by the audit.
+    env = {"GRM_AUDIT_FRACTION": "0", **COMPUTE_REPEATS}
+    with gateway_on_stubs(tmp_path_factory.mktemp("verl-omni"), env=env,
                           shared=stub_pair) as pair:
         yield pair
 

@@ -42,9 +42,10 @@ KEY = "trainer-key"
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, list[Proc]]]:
     """A keyed gateway on two recording STUB replicas with the `trainer` scorer
-    (tests/support/scoring); every item reaches a replica (none is answered from the ledger),
-    so a test can see what the engine was sent."""
-    env = {"GRM_SCORERS": SCORERS, "GRM_API_KEYS": KEY, **COMPUTE_REPEATS}
+    (tests/support/scoring); every item reaches a replica once (none is answered from the
+    ledger, none re-run by the audit), so a test can count what the engine was sent."""
+    env = {"GRM_SCORERS": SCORERS, "GRM_API_KEYS": KEY, "GRM_AUDIT_FRACTION": "0",
+           **COMPUTE_REPEATS}
     with gateway_on_stubs(tmp_path_factory.mktemp("trainers"), env=env,
                           stub_args=("--record", "100000")) as pair:
         yield pair

@@ -111,9 +111,10 @@ def test_verl_genrm_function_through_reward_router_address(
     info = [o["reward_extra_info"] for o in first]
     assert all(i["genrm_response"].startswith("stub-") for i in info)
     assert info == [o["reward_extra_info"] for o in again]
-    bodies = [r["body"] for r in received(stubs)]
-    assert len(bodies) == 6 and {b["model"] for b in bodies} == {MODEL_PATH}  # type: ignore[index]
-    assert {b["seed"] for b in bodies} == {42}, "the gateway gave each request its seed"  # type: ignore[index]
+    # The gateway's own checks (its audit re-sends a sample of requests) may add bodies.
+    bodies: list[Any] = [r["body"] for r in received(stubs)]
+    assert len(bodies) >= 6 and {b["model"] for b in bodies} == {MODEL_PATH}
+    assert {b["seed"] for b in bodies} == {42}, "the gateway gave each request its seed"
 
 
 def test_without_the_tokenizer_line_verls_function_is_not_called(

@@ -197,7 +197,8 @@ def test_same_seed_two_runs_same_rm_scores_bit_for_bit(
                                       for _ in range(2))
     _, other_said = run_with_seed(43, gateway, tiny_policy, data)
 
-    assert [b["seed"] for b in engine_bodies(stubs)] == [42] * 6 + [43] * 3, "each run computed"
+    seeds = sorted(b["seed"] for b in engine_bodies(stubs))  # two replicas: in no one order
+    assert seeds == [42] * 6 + [43] * 3, "each run reached a replica"
     assert torch.equal(first, second) and said == again
     assert first.shape == (3, 1) and first.dtype == torch.float32
     assert len(set(first.flatten().tolist())) > 1, "the rewards differ by image"
