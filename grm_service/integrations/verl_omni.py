@@ -6,22 +6,28 @@
 
 verl-omni's `VisualRewardManager` (and each entry of `MultiVisualRewardManager`) calls the function
 by keyword, once per sample: `data_source`, `solution_image` (the generated pixels), `ground_truth`
-(the text the image should show), `extra_info`, and, when verl-omni runs a reward model itself,
-`reward_router_address`, `reward_model_tokenizer` and `model_name` (accepted, unused: the
-service is `url`). The image is made PNG and scored with the `ocr` scorer (or a preset of it)
-through `/v1/score`; the answer is `{"score", "genrm_response", "grm_fingerprint", "grm_error"}`,
-the first two as verl-omni's own `compute_score_ocr` returns them.
+(the text the image should show), `extra_info`, and, when a reward model is configured,
+`reward_router_address`, `reward_model_tokenizer`, `model_name` (accepted, unused: the service is
+`url`) and `sampling_params` (its reward model's sampling, with `seed` once its determinism switch
+is on), which reach the engine as verl-omni's own function sends them. `full_determinism` and
+`seed` in `reward_kwargs` map verl-omni's switch where no reward model is configured (docs:
+"verl-omni"). The image is made PNG and scored with the `ocr` scorer (or a preset of it) through
+`/v1/score`; the answer is `{"score", "genrm_response", "grm_fingerprint", "grm_error"}`, the first
+two as verl-omni's own `compute_score_ocr` returns them.
 
 `solution_image`: a torch tensor or numpy array, uint8 in [0, 255] or floating point in [0, 1];
 a PIL image; or the bytes of an encoded image (sent as they are). Shapes, as verl-omni reads them:
 
 - 2-D `(H, W)` and 3-D `(C, H, W)` or `(H, W, C)`: one image;
-- 4-D, a video: `(T, C, H, W)` (the rollout contract), `(F, H, W, C)`, or `(C, F, H, W)`; every
-  `extra_info["frame_interval"]`-th frame (default 4) is scored;
+- 4-D, a video: `(F, H, W, C)` when the last axis is 1 or 3, else `(C, F, H, W)` when the first is
+  3 (verl-omni's reading: `(3, 1, H, W)` is one RGB frame), else the rollout's `(T, C, H, W)`,
+  which verl-omni's own function does not read; every `extra_info["frame_interval"]`-th frame
+  (default 4) is scored;
 - 5-D, a batch of videos (`(B, ...)` of the 4-D shapes): every frame unless `frame_interval`.
 
-Channels (1 or 3) are found where verl-omni looks: the last axis first. The frames of one sample
-are one item; its score is their mean (the `ocr` scorer's rule, verl-omni's too).
+The frames of one sample are one item; its score is their mean (the `ocr` scorer's rule,
+verl-omni's too). A sample that is not pixels (a 1-D tensor, a latent) fails like a failed item:
+it raises, or gives `error_score` with `grm_error` 1.0 when that is set.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +64,8 @@ from grm_service.wire import ItemResult, ScoreItem
 
 __all__ = ["close_clients", "compute_score_ocr", "frames_of"]
 
+logger = logging.getLogger(__name__)
+
 _CHANNELS = (1, 3)
 # verl-omni's default frame step per rank: images all, a video every 4th, a batch all.
 _DEFAULT_INTERVAL = {2: 1, 3: 1, 4: 4, 5: 1}
@@ -66,7 +75,13 @@ def as_array(image: Any) -> np.ndarray:
     """A numpy array of a torch tensor or array; uint8, floats in [0, 1] scaled to it."""
     if hasattr(image, "detach"):  # torch, without importing it
         image = image.detach().cpu().numpy()
-    array = np.asarray(image)
+    try:
+        array = np.asarray(image)
+    except (TypeError, ValueError) as err:  # ragged lists, objects numpy cannot hold
+        raise ScoringError(f"solution_image of type {type(image).__name__} is not pixels: "
+                           f"{err}") from None
+    if array.size == 0:
+        raise ScoringError(f"solution_image of shape {array.shape} holds no pixels")
     if array.dtype == np.uint8:
         return array
     if array.dtype.kind not in "fiu":
@@ -83,13 +98,17 @@ def as_array(image: Any) -> np.ndarray:
 
 
 def _video(array: np.ndarray, step: int) -> list[np.ndarray]:
-    """A 4-D video's frames as (H, W, C), every `step`-th."""
+    """A 4-D video's frames as (H, W, C), every `step`-th. verl-omni's reading first: channels
+    last when the last axis is 1 or 3, else channels first when the first is 3; then the
+    rollout's (T, C, H, W), which verl-omni's own function cannot read; then (1, F, H, W)."""
     if array.shape[-1] in _CHANNELS:
         frames = array  # (F, H, W, C)
+    elif array.shape[0] == 3:
+        frames = array.transpose(1, 2, 3, 0)  # (C, F, H, W)
     elif array.shape[1] in _CHANNELS:
         frames = array.transpose(0, 2, 3, 1)  # (T, C, H, W)
-    elif array.shape[0] in _CHANNELS:
-        frames = array.transpose(1, 2, 3, 0)  # (C, F, H, W)
+    elif array.shape[0] == 1:
+        frames = array.transpose(1, 2, 3, 0)  # (C, F, H, W), one grey channel
     else:
         raise ScoringError(f"solution_image of shape {array.shape} has no axis of 1 or 3 "
                            "channels")
@@ -149,27 +168,59 @@ def reward_info(result: ItemResult, error_score: float | None) -> dict[str, Any]
             "grm_fingerprint": fingerprint, "grm_error": float(result.status == "error")}
 
 
+def unreadable(err: ScoringError, error_score: float | None) -> dict[str, Any]:
+    """A sample that is not pixels: `error_score` where set (verl-omni awaits the function
+    without catching, so a raise ends the training step), else the error itself."""
+    if error_score is None:
+        raise err
+    logger.warning("verl-omni sample not scored, reward %s: %s", error_score, err)
+    return {"score": error_score, "genrm_response": "", "grm_fingerprint": "", "grm_error": 1.0}
+
+
+def sampling_of(
+    sampling: Mapping[str, Any] | None, sampling_params: Mapping[str, Any] | None,
+    full_determinism: bool, seed: int | None,
+) -> dict[str, Any]:
+    """What the engine samples with, key by key: verl-omni's `sampling_params` (its reward
+    model's settings; what it leaves None, the scorer's), the seed of its determinism switch
+    mapped in `reward_kwargs`, then `sampling` from `reward_kwargs` over both."""
+    merged = {k: v for k, v in (sampling_params or {}).items() if v is not None}
+    if full_determinism:
+        if seed is None:
+            raise ScoringError("full_determinism=true needs seed=... (verl-omni's "
+                               "reward.reward_model.rollout.seed)")
+        merged["seed"] = seed
+    merged.update(sampling or {})
+    return merged
+
+
 async def compute_score_ocr(
     data_source: str, solution_image: Any, ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
-    scorer: str = "ocr", sampling: dict[str, Any] | None = None,
+    scorer: str = "ocr", sampling: Mapping[str, Any] | None = None,
     error_score: float | None = None, headers: Mapping[str, str] | None = None,
     timeout: float = TIMEOUT_S, retries: int = RETRIES, batch_size: int = 32,
     batch_wait_s: float = WAIT_S, api_key_env: str = KEY_ENV, api_key: str | None = None,
+    full_determinism: bool = False, seed: int | None = None,
     reward_router_address: str | None = None, reward_model_tokenizer: Any = None,
-    model_name: str | None = None,
+    model_name: str | None = None, sampling_params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generated image or video, scored by OCR against `ground_truth`; a failed item raises
-    (verl-omni's managers: a failed run, or 0 for a non-required entry) unless `error_score`."""
+    (verl-omni's managers: a failed run, or 0 for a non-required entry) unless `error_score`.
+    `seed` reaches the engine only with `full_determinism`, as verl-omni's switch works."""
     no_key_in_config(api_key, "verl-omni")
     where = endpoint(url, None, headers, batch_size, timeout=timeout, retries=retries,
                      api_key_env=api_key_env)
+    params = sampling_of(sampling, sampling_params, full_determinism, seed)
     interval = (extra_info or {}).get("frame_interval")
-    # PNG encoding takes milliseconds per frame: off the loop, as verl-omni does its own.
-    urls = await asyncio.to_thread(data_urls, solution_image, interval)
+    try:
+        # PNG encoding takes milliseconds per frame: off the loop, as verl-omni does its own.
+        urls = await asyncio.to_thread(data_urls, solution_image, interval)
+    except ScoringError as err:
+        return unreadable(err, error_score)
     answers = references(ground_truth)
     item = ScoreItem(id="0", image=urls[0] if len(urls) == 1 else urls,
                      reference=answers[0] if answers else None,
                      extra={"data_source": str(data_source)})
-    result = await batcher(where, scorer, None, sampling, batch_wait_s).score(item)
+    result = await batcher(where, scorer, None, params, batch_wait_s).score(item)
     return reward_info(result, error_score)

@@ -4,14 +4,19 @@
 from __future__ import annotations
 
 import base64
+import io
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 from grm_service.client import GrmClient
+from grm_service.integrations import verl_omni
 from tests.support.engines import COMPUTE_REPEATS, RECIPES, attach_args
 from tests.support.procs import Proc, running_gateway
 from tests.support.scoring import data_url, png, without_replica
@@ -94,3 +99,28 @@ def test_batch_fingerprint_is_repeatable_and_unknown_scorers_are_refused(two: Pr
     assert first["fingerprint"]["items"] == 3 and first["fingerprint"]["errors"] == 0
     bad = httpx.post(two.url + "/v1/score", json={**body, "scorer": "nope"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "unknown_scorer"
+
+
+async def test_verl_omni_same_seed_same_rm_scores_bit_for_bit(two: Proc) -> None:
+    # verl-omni's "Deterministic Post-Training" check on real replicas: its reward manager's
+    # sampling (temperature 1.0: sampled, not greedy) with the seed of its switch; two runs.
+    texts = ["OCR", "GRM"]
+    images = [torch.from_numpy(np.array(Image.open(io.BytesIO(png(t))))).permute(2, 0, 1)
+              for t in texts]
+
+    async def run(seed: int) -> tuple[torch.Tensor, list[str]]:
+        params = {"temperature": 1.0, "top_k": -1, "top_p": 1, **SAMPLING, "seed": seed}
+        infos = [await verl_omni.compute_score_ocr(
+            data_source="ocr", solution_image=image, ground_truth=text, extra_info={},
+            url=two.url, reward_router_address="127.0.0.1:1", reward_model_tokenizer=None,
+            model_name=SERVED, sampling_params=params) for image, text in zip(images, texts,
+                                                                             strict=True)]
+        await verl_omni.close_clients()
+        assert all(i["grm_error"] == 0.0 for i in infos), infos
+        scores = torch.tensor([i["score"] for i in infos], dtype=torch.float32).unsqueeze(-1)
+        return scores, [i["genrm_response"] for i in infos]
+
+    (first, said), (second, again) = [await run(42) for _ in range(2)]
+    _, other = await run(43)
+    assert torch.equal(first, second) and said == again
+    assert other != said, "the seed reached the engine: another seed samples other text"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grm_service.tiny_models import ensure_tiny_model
+from tests.support.engines import COMPUTE_REPEATS
 from tests.support.procs import Proc, gateway_on_stubs
 
 TRAINERS = ("trl", "verl", "openrlhf")
@@ -39,11 +40,20 @@ KEY = "trainer-key"
 
 
 @pytest.fixture(scope="session")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    """A keyed gateway on two STUB replicas with the `trainer` scorer (tests/support/scoring)."""
-    env = {"GRM_SCORERS": SCORERS, "GRM_API_KEYS": KEY}
-    with gateway_on_stubs(tmp_path_factory.mktemp("trainers"), env=env) as (gw, _):
-        yield gw
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, list[Proc]]]:
+    """A keyed gateway on two recording STUB replicas with the `trainer` scorer
+    (tests/support/scoring); every item reaches a replica once (none is answered from the
+    ledger, none re-run by the audit), so a test can count what the engine was sent."""
+    env = {"GRM_SCORERS": SCORERS, "GRM_API_KEYS": KEY, "GRM_AUDIT_FRACTION": "0",
+           **COMPUTE_REPEATS}
+    with gateway_on_stubs(tmp_path_factory.mktemp("trainers"), env=env,
+                          stub_args=("--record", "100000")) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
+def gateway(served: tuple[Proc, list[Proc]]) -> Proc:
+    return served[0]
 
 
 @pytest.fixture(scope="session")

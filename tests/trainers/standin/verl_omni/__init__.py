@@ -1,0 +1,1 @@
+"""Stand-in for verl-omni (tests/trainers/standin/README.md)."""

@@ -1,0 +1,1 @@
+"""Stand-in for `verl_omni.reward_loop`: its reward managers only."""
