@@ -14,7 +14,7 @@ from grm_service.client import (
     RetryPolicy,
 )
 
-FAST = RetryPolicy(attempts=4, backoff_s=0.0, backoff_max_s=0.0)
+FAST = RetryPolicy(attempts=4, backoff_s=0.0, backoff_max_s=0.0, patience_s=0.0)
 
 
 def answer(request: httpx.Request) -> httpx.Response:
@@ -34,6 +34,8 @@ class Flaky:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # /v1/capabilities: a service that does not say
+            return httpx.Response(404)
         self.calls.append(json.loads(request.content))
         if self.failures:
             status = self.failures.pop(0)
@@ -100,6 +102,8 @@ async def test_api_key_and_extra_headers_reach_every_request() -> None:
     seen: list[httpx.Headers] = []
 
     def record(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(404)
         seen.append(request.headers)
         return answer(request)
 
