@@ -79,7 +79,7 @@ class RetryPolicy:
         return not busy or time.monotonic() - since >= self.patience_s
 
     def exhausted(self, tries: int, since: float, last: _Retry) -> RetriesExhausted:
-        if tries < self.attempts:  # still busy past patience_s
+        if last.busy and self.patience_s > 0:
             return RetriesExhausted(
                 f"the service stayed busy for {time.monotonic() - since:.0f} s (patience "
                 f"{self.patience_s:g} s, {tries} tries): {last}")

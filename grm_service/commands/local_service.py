@@ -58,17 +58,17 @@ def _tail(path: Path, lines: int = 30) -> str:
     return ""
 
 
-# Told where a start is, as a line (`describe`), at each look.
-Report = Callable[[str], None]
+# Told where a start is (`describe`) and for how long it has run (seconds), at each look.
+Report = Callable[[str, float], None]
 
 
-def describe(replicas: list[dict[str, Any]] | None, elapsed_s: float) -> str:
+def describe(replicas: list[dict[str, Any]] | None) -> str:
     """Where a start is: the gateway not answering yet, or each replica's state."""
     if replicas is None:
-        return f"starting the gateway ({elapsed_s:.0f} s)"
+        return "starting the gateway"
     ready = sum(r.get("state") == "ready" for r in replicas)
     states = ", ".join(f"{r.get('name', '?')} {r.get('state', '?')}" for r in replicas)
-    return f"replicas ready: {ready}/{len(replicas)} ({states}; {elapsed_s:.0f} s)"
+    return f"replicas ready: {ready}/{len(replicas)} ({states})"
 
 
 def _replicas(http: httpx.Client, url: str) -> list[dict[str, Any]] | None:
@@ -94,7 +94,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout:
             if replicas and all(r.get("state") == "ready" for r in replicas):
                 return
             if report is not None:
-                report(describe(replicas, time.monotonic() - started))
+                report(describe(replicas), time.monotonic() - started)
             time.sleep(interval_s)
     raise RuntimeError(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")
 

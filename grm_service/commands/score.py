@@ -10,7 +10,7 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -212,14 +212,23 @@ def score_command(
 
 
 @contextlib.contextmanager
-def served(spec: ServeSpec) -> Iterator[str]:
-    """`local_service`, its start shown as it goes (a minute or more on CPU): the gateway,
-    then each replica's state, until every one is ready."""
+def served(spec: ServeSpec, start: Callable[..., contextlib.AbstractContextManager[str]]
+           = local_service) -> Iterator[str]:
+    """`local_service` (`start`), its start shown as it goes (a minute or more on CPU): the
+    gateway, then each replica's state, until every one is ready."""
     began = time.monotonic()
     status = console.status(f"starting a service of {spec.replicas} replica(s) of {spec.model}")
+    shown = [""]
+
+    def report(state: str, elapsed_s: float) -> None:
+        status.update(f"{state} ({elapsed_s:.0f} s)")
+        if state != shown[0]:  # a line per change stays, in a log too (no terminal)
+            console.print(f"{elapsed_s:4.0f} s  {state}")
+            shown[0] = state
+
     status.start()
     try:
-        with local_service(spec, report=status.update) as url:
+        with start(spec, report=report) as url:
             status.stop()
             console.print(f"service ready on {url}: {spec.replicas} replica(s) in "
                           f"{time.monotonic() - began:.0f} s (log {spec.work_dir}/gateway.log)")
