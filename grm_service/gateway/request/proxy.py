@@ -314,7 +314,7 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool, owed: bool = False)
     except TimeoutError:
         raise gw.refused("queue_timeout", Overloaded(
             f"no slot on replica {replica.name} within GRM_QUEUE_TIMEOUT_S="
-            f"{settings.queue_timeout_s:g} s (each of its slots busy: "
+            f"{settings.queue_timeout_s:g} s (it serves "
             f"{'one request at a time' if alone else settings.max_inflight_per_replica}): "
             "retry later; raise GRM_QUEUE_TIMEOUT_S or add replicas; a /v1/score batch's "
             "items are never refused this way", retry_after=1)) from None
