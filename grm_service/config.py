@@ -154,6 +154,17 @@ class Settings(BaseSettings):
         None, description="YAML or JSON file of named scorer presets (scoring/presets.py).",
     )
     score_concurrency: int = Field(64, ge=1, description="Items of one batch in flight at once.")
+    score_items_per_slot: int = Field(
+        32, ge=1, description="Score items a serving process admits per replica slot (items of "
+        "accepted /v1/score batches not yet scored); a batch that would pass it -> 429 with "
+        "Retry-After before any item runs. An accepted batch's items wait for a slot as long "
+        "as it takes (never GRM_QUEUE_TIMEOUT_S).",
+    )
+    score_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens of a scorer's requests where the batch's sampling "
+        "sets none, if below the scorer's own (OCR 4096, judge 512); unset: the engine's "
+        "(vllm-cpu 256, vllm none).",
+    )
     dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context length.")
     engine_args: Annotated[list[str], NoDecode] = Field(
@@ -216,7 +227,9 @@ class Settings(BaseSettings):
         "connection is dropped and the request answered 502 (response_too_large)."
     )
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a replica; more -> 429.")
-    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a replica -> 429.")
+    queue_timeout_s: float = Field(
+        30.0, gt=0, description="Longest wait of a request for a replica slot -> 429 (not of "
+        "an accepted /v1/score batch's items: GRM_SCORE_ITEMS_PER_SLOT).")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time for in-flight work.")
     # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client then always
     # closes first. Equal timeouts race: the server closes a connection at the moment a client

@@ -155,8 +155,11 @@ class Metrics:
             registry=r,
         )
         self.rejected = Counter(
-            "grm_rejected", "Requests answered 429, by reason (queue_full: GRM_MAX_QUEUE "
-            "requests already waited; queue_timeout: no slot within GRM_QUEUE_TIMEOUT_S).",
+            "grm_rejected", "Requests refused for load or state (429, 503), by reason: "
+            "queue_full (GRM_MAX_QUEUE requests already waited), queue_timeout (no slot "
+            "within GRM_QUEUE_TIMEOUT_S), score_backlog (a /v1/score batch past "
+            "GRM_SCORE_ITEMS_PER_SLOT), no_replica, draining, starting, connections "
+            "(GRM_MAX_CONNECTIONS), bytes_in_flight (GRM_MAX_BYTES_IN_FLIGHT).",
             ["reason"], registry=r,
         )
 

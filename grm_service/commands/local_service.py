@@ -15,9 +15,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -70,17 +71,44 @@ def _tail(path: Path, lines: int = 30) -> str:
     return ""
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"service exited with {proc.returncode}:\n{_tail(log_path)}")
-        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+# Told where a start is (`describe`) and for how long it has run (seconds), at each look.
+Report = Callable[[str, float], None]
+
+
+def describe(replicas: list[dict[str, Any]] | None) -> str:
+    """Where a start is: the gateway not answering yet, or each replica's state."""
+    if replicas is None:
+        return "starting the gateway"
+    ready = sum(r.get("state") == "ready" for r in replicas)
+    states = ", ".join(f"{r.get('name', '?')} {r.get('state', '?')}" for r in replicas)
+    return f"replicas ready: {ready}/{len(replicas)} ({states})"
+
+
+def _replicas(http: httpx.Client, url: str) -> list[dict[str, Any]] | None:
+    """The replicas /ready lists, None while the gateway does not answer."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        replicas = http.get(url + "/ready", timeout=5).json()["replicas"]
+        return [r for r in replicas if isinstance(r, dict)]
+    return None
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float,
+               report: Report | None = None, http: httpx.Client | None = None,
+               interval_s: float = 1.0) -> None:
+    """Until every replica is ready; `report` is told where the start is at each look."""
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        client = http if http is not None else stack.enter_context(httpx.Client())
+        while time.monotonic() - started < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited with {proc.returncode}:\n{_tail(log_path)}")
             # /ready is 200 with one replica up; a run wants every replica serving.
-            replicas = httpx.get(url + "/ready", timeout=5).json()["replicas"]
-            if replicas and all(r["state"] == "ready" for r in replicas):
+            replicas = _replicas(client, url)
+            if replicas and all(r.get("state") == "ready" for r in replicas):
                 return
-        time.sleep(1)
+            if report is not None:
+                report(describe(replicas), time.monotonic() - started)
+            time.sleep(interval_s)
     raise RuntimeError(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")
 
 
@@ -98,8 +126,10 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 90.0) -> None:
 
 
 @contextlib.contextmanager
-def local_service(spec: ServeSpec, timeout: float = 900.0) -> Iterator[str]:
-    """Start the service, yield its URL once ready, stop it on the way out."""
+def local_service(spec: ServeSpec, timeout: float = 900.0,
+                  report: Report | None = None) -> Iterator[str]:
+    """Start the service, yield its URL once ready, stop it on the way out; `report` is told
+    how the start goes (`wait_ready`)."""
     spec.work_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = spec.work_dir / "gateway.log"
@@ -109,7 +139,7 @@ def local_service(spec: ServeSpec, timeout: float = 900.0) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log.info("started service pid %d on %s (log %s)", proc.pid, url, log_path)
     try:
-        wait_ready(url, proc, log_path, timeout)
+        wait_ready(url, proc, log_path, timeout, report)
         yield url
     finally:
         stop(proc)

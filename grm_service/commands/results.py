@@ -1,7 +1,10 @@
 """Result files written as scoring completes, in input order, so an interrupted run resumes.
 
 Lines are flushed one by one; on `--resume` a torn last line (a crash mid-write) is dropped and
-the ids already present are skipped, so interrupted + resumed equals one uninterrupted run.
+the ids already present are skipped. A run that stops (a failed batch, Ctrl-C) still writes
+every result that came back, those behind the missing ones too; the run that completes the file
+puts its rows back in input order (`in_input_order`), so interrupted + resumed equals one
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -94,4 +97,36 @@ class ResultWriter:
                                        separators=(",", ":")) + "\n")
 
     def close(self) -> None:
+        """Results still waiting for an earlier chunk that never came (a failed batch, Ctrl-C)
+        are written too, after the others: nothing that came back is lost."""
+        for index in sorted(self._pending):
+            for result in self._pending.pop(index):
+                self._write(result)
         self._handle.close()
+
+
+def _records(path: Path, fmt: Format) -> list[tuple[str, list[str]]]:
+    """Each row's id and fields as written (csv) or its line (jsonl), the csv header first."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        if fmt == "csv":
+            return [(row[0], row) for row in csv.reader(handle)]
+        return [(str(json.loads(line)["id"]), [line]) for line in handle if line.strip()]
+
+
+def in_input_order(path: Path, fmt: Format, ids: Sequence[str]) -> bool:
+    """Rewrite the file with its rows in the order of `ids` (rows of other ids after them, as
+    they were), where a stopped run left them out of it; False where they already were."""
+    records = _records(path, fmt)
+    header, rows = (records[:1], records[1:]) if fmt == "csv" else ([], records)
+    rank = {item: i for i, item in enumerate(ids)}
+    ordered = sorted(rows, key=lambda row: rank.get(row[0], len(rank)))
+    if ordered == rows:
+        return False
+    temp = path.with_name(path.name + ".reordered")
+    with temp.open("w", encoding="utf-8", newline="") as out:
+        if fmt == "csv":
+            csv.writer(out).writerows(fields for _, fields in header + ordered)
+        else:
+            out.writelines(line for _, (line,) in ordered)
+    temp.replace(path)
+    return True

@@ -10,7 +10,8 @@ import os
 import signal
 import statistics
 import tempfile
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from grm_service.client import AsyncGrmClient, GrmClientError
 from grm_service.commands.local_service import ServeSpec, local_service
 from grm_service.commands.manifest import Entry, ManifestError, load_entries
-from grm_service.commands.results import ResultWriter, format_of, read_rows
+from grm_service.commands.results import ResultWriter, format_of, in_input_order, read_rows
 from grm_service.config import EngineName
 from grm_service.errors import ModelNotFound
 from grm_service.fingerprint import json_digest
@@ -75,9 +76,10 @@ async def score_chunk(
 async def run(url: str, todo: list[Entry], job: Job, writer: ResultWriter,
               progress: Progress) -> None:
     task = progress.add_task("scoring", total=len(todo))
-    gate = asyncio.Semaphore(job.concurrency)
     chunks = [todo[i : i + job.batch_size] for i in range(0, len(todo), job.batch_size)]
-    async with AsyncGrmClient(url, batch_size=job.batch_size, api_key=job.api_key) as client:
+    async with AsyncGrmClient(url, batch_size=job.batch_size, concurrency=job.concurrency,
+                              api_key=job.api_key) as client:
+        gate = asyncio.Semaphore(await paced(client, job, progress.console))
 
         async def one(index: int, batch: list[Entry]) -> None:
             async with gate:
@@ -94,6 +96,21 @@ async def run(url: str, todo: list[Entry], job: Job, writer: ResultWriter,
                 raise failed.exceptions[0] from None
 
         await _until_interrupted(all_chunks())
+
+
+async def paced(client: AsyncGrmClient, job: Job, out: Console) -> int:
+    """Batches to keep in flight: --concurrency, within what the service serves at once."""
+    capacity = await client.capacity()
+    batches = client.in_flight(capacity)
+    if capacity is not None and batches < job.concurrency:
+        out.print(f"the service serves {capacity.slots} request(s) at once: {batches} "
+                  f"batch(es) of {job.batch_size} in flight, not --concurrency "
+                  f"{job.concurrency}")
+    if capacity is not None and capacity.max_tokens and "max_tokens" not in job.sampling:
+        out.print(f"the service's scorers stop at {capacity.max_tokens} tokens here (its "
+                  "GRM_SCORE_MAX_TOKENS or its engine's default); --sampling "
+                  "'{\"max_tokens\": N}' asks for N")
+    return batches
 
 
 async def _until_interrupted(work: Coroutine[Any, Any, None]) -> None:
@@ -194,7 +211,7 @@ def score_command(
     with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
         spec = serve_spec(Path(work), str(model), replicas, engine, dtype, max_model_len,
                           ctx.args)
-        with local_service(spec) as started:
+        with served(spec) as started:
             code = execute(started, entries, job, output, fmt, resume, allow_errors)
     raise typer.Exit(code)
 
@@ -205,6 +222,32 @@ def _check_model(model: str) -> None:
         check_model(model, dict(os.environ), Path.cwd())
     except ModelNotFound as err:
         raise typer.BadParameter(err.message, param_hint="--model") from None
+
+
+@contextlib.contextmanager
+def served(spec: ServeSpec, start: Callable[..., contextlib.AbstractContextManager[str]]
+           = local_service) -> Iterator[str]:
+    """`local_service` (`start`), its start shown as it goes (a minute or more on CPU): the
+    gateway, then each replica's state, until every one is ready."""
+    began = time.monotonic()
+    status = console.status(f"starting a service of {spec.replicas} replica(s) of {spec.model}")
+    shown = [""]
+
+    def report(state: str, elapsed_s: float) -> None:
+        status.update(f"{state} ({elapsed_s:.0f} s)")
+        if state != shown[0]:  # a line per change stays, in a log too (no terminal)
+            console.print(f"{elapsed_s:4.0f} s  {state}")
+            shown[0] = state
+
+    status.start()
+    try:
+        with start(spec, report=report) as url:
+            status.stop()
+            console.print(f"service ready on {url}: {spec.replicas} replica(s) in "
+                          f"{time.monotonic() - began:.0f} s (log {spec.work_dir}/gateway.log)")
+            yield url
+    finally:
+        status.stop()
 
 
 def serve_spec(work_dir: Path, model: str, replicas: int, engine: EngineName | None, dtype: str,
@@ -223,6 +266,7 @@ def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,
         console.print(f"resuming: {len(writer.done)} done, {len(todo)} to score")
     columns = (*Progress.get_default_columns()[:2], BarColumn(), MofNCompleteColumn(),
                TimeRemainingColumn())
+    failed = None
     try:
         with Progress(*columns, console=console) as progress:
             asyncio.run(run(url, todo, job, writer, progress))
@@ -230,10 +274,15 @@ def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,
         console.print(f"interrupted: results so far are in {output}; rerun with --resume")
         return 130
     except GrmClientError as err:
-        console.print(f"[red]scoring failed:[/red] {err}")
-        return 1
+        failed = err
     finally:
-        writer.close()
+        writer.close()  # with the results behind a missing batch
+    if failed is not None:
+        console.print(f"[red]scoring failed:[/red] {failed}")
+        console.print(f"{summary(output, fmt).items} results are in {output}; rerun with "
+                      "--resume to score the rest")
+        return 1
+    in_input_order(output, writer.fmt, [e.id for e in entries])
     done = summary(output, fmt)
     console.print(done.line(output))
     if done.errors and not allow_errors:

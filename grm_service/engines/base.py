@@ -77,6 +77,10 @@ class ChildCommand:
 class Engine(ABC):
     name: ClassVar[str]
     distribution: ClassVar[str]
+    # The most tokens a scorer's request asks for where its batch sets no max_tokens (None:
+    # the scorer's own, OCR 4096): where decoding is slow, the scorers' defaults make an item
+    # take minutes. GRM_SCORE_MAX_TOKENS sets another.
+    score_max_tokens: ClassVar[int | None] = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

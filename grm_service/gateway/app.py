@@ -129,7 +129,8 @@ def _lifespan(
         ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
                      identity=identity, auditor=auditor, ledger=ledger,
-                     look=side.look if isinstance(side, Follower) else None)
+                     look=side.look if isinstance(side, Follower) else None,
+                     refusals=service.refusals)
         service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))

@@ -14,6 +14,7 @@ from grm_service.config import Settings
 from grm_service.gateway.edge.limits import EdgeLimits
 from grm_service.gateway.edge.middleware import RequestMetrics
 from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.refusals import Refusals
 from grm_service.gateway.role import WorkerRole
 from grm_service.metrics import Metrics
 
@@ -24,7 +25,8 @@ class Service:
         self.worker = worker
         self.metrics = Metrics(worker.metrics_dir if worker else None)
         self.requests = RequestMetrics(self.metrics)
-        self.limits = EdgeLimits(settings)
+        self.refusals = Refusals(self.metrics.rejected)  # the edge's and the request side's
+        self.limits = EdgeLimits(settings, self.refusals)
         self.gateway: Gateway | None = None
 
     def start(self, gateway: Gateway) -> None:

@@ -49,7 +49,8 @@ class Endpoint:
     run: str | None = None
 
     def _retry(self) -> RetryPolicy:
-        return RetryPolicy(attempts=self.retries + 1)
+        # A trainer's step waits on its rewards: a busy answer is a try like any other here.
+        return RetryPolicy(attempts=self.retries + 1, patience_s=0.0)
 
     def client(self) -> GrmClient:
         return GrmClient(self.url, api_key=self.api_key, headers=dict(self.headers),

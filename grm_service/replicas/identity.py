@@ -14,6 +14,7 @@ version it runs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,6 +25,8 @@ from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities, engine_named
 from grm_service.metrics import Metrics
 from grm_service.replicas.pool import ReplicaPool
+
+log = logging.getLogger(__name__)
 
 UNVERIFIED = Capabilities(
     batch_invariant=False, sampling_invariant=False,
@@ -79,6 +82,16 @@ class ServiceIdentity:
         self.reference: ReplicaIdentity | None = None
         self.capabilities = PENDING
         self._metrics = metrics
+        self._engine_max_tokens: int | None = None
+
+    @property
+    def score_max_tokens(self) -> int | None:
+        """The cap on a scorer's max_tokens where its batch sets none: GRM_SCORE_MAX_TOKENS,
+        else the reference engine's (`Engine.score_max_tokens`; unknown for unverified
+        replicas: none)."""
+        if self.settings.score_max_tokens is not None:
+            return self.settings.score_max_tokens
+        return self._engine_max_tokens
 
     @property
     def fingerprint_id(self) -> str:
@@ -90,6 +103,13 @@ class ServiceIdentity:
             return
         self.reference = reference
         self.capabilities = capabilities_of(self.settings, reference)
+        self._engine_max_tokens = (engine_named(reference.engine, self.settings).score_max_tokens
+                                   if reference.verified else None)
+        cap = self.score_max_tokens
+        if cap is not None:
+            log.info("scorers ask for at most %d tokens where a batch's sampling sets no "
+                     "max_tokens (OCR's own: 4096; engine %s; GRM_SCORE_MAX_TOKENS sets "
+                     "another): longer transcripts are cut there", cap, reference.engine)
         if self._metrics is not None:
             self._metrics.info.info({
                 "seed": str(self.settings.seed), "fingerprint": self.fingerprint_id,

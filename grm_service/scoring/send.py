@@ -18,13 +18,25 @@ def pooling_body(body: dict[str, Any], model: str) -> dict[str, Any]:
     return {**body, "model": given}
 
 
-def make_send(gw: Gateway, origin: Origin | None = None) -> Send:
+def capped(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
+    """A prepared chat body with its max_tokens at most `max_tokens` (None: as it is)."""
+    given = body.get("max_tokens")
+    if max_tokens is None or given is None or given <= max_tokens:
+        return body
+    return {**body, "max_tokens": max_tokens}
+
+
+def make_send(gw: Gateway, origin: Origin | None = None,
+              max_tokens: int | None = None) -> Send:
     """`origin`: the batch's asker, so that each item's answer is on the ledger. The batch
-    was admitted (`Gateway.batch`): a drain begun since does not refuse its items."""
+    was admitted (`Gateway.batch`): a drain begun since does not refuse its items.
+    `max_tokens`: the cap of the scorer's own max_tokens (`ServiceIdentity.score_max_tokens`),
+    None where the batch's sampling sets it; the capped value is in the body the engine gets,
+    so in its request digest and on the ledger."""
 
     async def send(path: str, body: dict[str, Any]) -> Reply:
         if path == CHAT_PATH:
-            prepared = prepare(body, gw.path_settings)
+            prepared = capped(prepare(body, gw.path_settings), max_tokens)
         else:
             prepared = pooling_body(body, gw.path_settings.model_name)
         forwarded = await forward(gw, path, prepared, origin=origin, admitted=True)

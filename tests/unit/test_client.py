@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -8,13 +10,14 @@ import pytest
 
 from grm_service.client import (
     AsyncGrmClient,
+    Capacity,
     GrmClient,
     RequestRejected,
     RetriesExhausted,
     RetryPolicy,
 )
 
-FAST = RetryPolicy(attempts=4, backoff_s=0.0, backoff_max_s=0.0)
+FAST = RetryPolicy(attempts=4, backoff_s=0.0, backoff_max_s=0.0, patience_s=0.0)
 
 
 def answer(request: httpx.Request) -> httpx.Response:
@@ -34,6 +37,8 @@ class Flaky:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # /v1/capabilities: a service that does not say
+            return httpx.Response(404)
         self.calls.append(json.loads(request.content))
         if self.failures:
             status = self.failures.pop(0)
@@ -100,6 +105,8 @@ async def test_api_key_and_extra_headers_reach_every_request() -> None:
     seen: list[httpx.Headers] = []
 
     def record(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(404)
         seen.append(request.headers)
         return answer(request)
 
@@ -112,3 +119,66 @@ async def test_api_key_and_extra_headers_reach_every_request() -> None:
         await aclient.score(ITEMS[:1], "judge")
     assert [h["authorization"] for h in seen] == ["Bearer k1", "Bearer k1", "Bearer k2"]
     assert seen[0]["x-team"] == "rl" and "x-team" not in seen[2]
+
+
+def test_a_busy_service_is_waited_for_past_the_attempts_within_patience() -> None:
+    patient = RetryPolicy(attempts=2, backoff_s=0.0, backoff_max_s=0.0, patience_s=60.0)
+    flaky = Flaky(*[429] * 6, 503)
+    with GrmClient("http://svc", retry=patient, transport=httpx.MockTransport(flaky)) as client:
+        assert client.score(ITEMS[:1], "judge")[0].score == 1.0
+    assert len(flaky.calls) == 8
+    # Not a busy answer: the attempts bound it.
+    with (GrmClient("http://svc", retry=patient,
+                    transport=httpx.MockTransport(Flaky(502, 502, 502))) as client,
+          pytest.raises(RetriesExhausted, match="after 2 attempts: HTTP 502: status 502")):
+        client.score(ITEMS[:1], "judge")
+
+
+async def test_patience_runs_out_with_the_services_own_message() -> None:
+    brief = RetryPolicy(attempts=1, backoff_s=0.0, backoff_max_s=0.0, patience_s=0.05)
+    async with AsyncGrmClient("http://svc", retry=brief,
+                              transport=httpx.MockTransport(Flaky(*[429] * 10**6))) as client:
+        with pytest.raises(RetriesExhausted, match=r"stayed busy .*HTTP 429: status 429"):
+            await client.score(ITEMS[:1], "judge")
+
+
+class Paced:
+    """A service of `slots` slots that says so, and counts the batches it holds at once."""
+
+    def __init__(self, slots: int, admitted: int = 64) -> None:
+        self.caps = {"slots": slots, "score_items_admitted": admitted}
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=self.caps)
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.02)
+        with self.lock:
+            self.now -= 1
+        return answer(request)
+
+
+def test_score_keeps_no_more_batches_in_flight_than_the_service_serves() -> None:
+    one_slot = Paced(slots=1)
+    with GrmClient("http://svc", batch_size=2, concurrency=4,
+                   transport=httpx.MockTransport(one_slot)) as client:
+        results = client.score(ITEMS, "judge")
+    assert [r.id for r in results] == [i["id"] for i in ITEMS]
+    assert one_slot.most == 1  # 2 items fill twice the one slot: one batch at a time
+
+
+@pytest.mark.parametrize(("slots", "admitted", "batch_size", "concurrency", "batches"), [
+    (2, 64, 8, 4, 1),  # the demo on CPU: 2 replicas, one request each at a time
+    (2, 64, 1, 4, 4),
+    (512, 16384, 32, 4, 4),  # a GPU service: --concurrency as asked
+    (64, 8, 4, 4, 2),  # no more than the service admits
+    (1, 1, 16, 4, 1),
+])
+def test_batches_in_flight_fill_twice_the_slots_within_what_is_admitted(
+    slots: int, admitted: int, batch_size: int, concurrency: int, batches: int
+) -> None:
+    assert Capacity(slots, admitted).batches(batch_size, concurrency) == batches

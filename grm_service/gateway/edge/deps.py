@@ -17,9 +17,12 @@ from grm_service.ledger.records import Origin
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
 # (and GIL handoff) per request for what is an attribute read.
 async def gateway(request: Request) -> Gateway:
-    gw = cast(Service, request.app.state.service).gateway
+    service = cast(Service, request.app.state.service)
+    gw = service.gateway
     if gw is None:
-        raise ServiceUnavailable("the service is starting: retry later", retry_after=1)
+        raise service.refusals.refuse("starting", ServiceUnavailable(
+            "the gateway is starting (its replicas are not looked at yet): retry in a "
+            "second; GET /ready says when it serves", retry_after=1))
     return gw
 
 

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from grm_service.config import Settings
 from grm_service.gateway.heap import release_freed
+from grm_service.gateway.request.refusals import Refusals
 
 
 class Expiring(Protocol):
@@ -40,7 +41,9 @@ class Expiring(Protocol):
 
 
 class EdgeLimits:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, refusals: Refusals | None = None) -> None:
+        # A refusal here is counted and logged with the request side's (`Service`).
+        self.refusals = refusals if refusals is not None else Refusals(None)
         self.idle_s = float(settings.keep_alive_s)
         self.header_s = settings.header_timeout_s
         self.body_s = settings.body_timeout_s

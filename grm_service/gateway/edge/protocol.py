@@ -71,7 +71,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self.ws_protocol_class = None  # an upgrade is refused here, never handed to websockets
         self._reserved: list[int] = []  # per request read and not yet answered, its bytes
         if not self.limits.opened(self):
-            self._refuse(refusal(503, "too many open connections: retry later", _RETRY))
+            self._refuse_busy("connections", "too many open connections, the limit "
+                              f"(GRM_MAX_CONNECTIONS={self.limits.max_connections}) of this "
+                              "gateway process: retry later; raise GRM_MAX_CONNECTIONS or "
+                              "reuse connections (keep-alive)")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.closed(self)
@@ -93,6 +96,11 @@ class EdgeProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(wire(answer, self.default_lines(), keep_alive=False))
             self.transport.close()
+
+    def _refuse_busy(self, reason: str, message: str) -> None:
+        """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
+        self.limits.refusals.note(reason, 503, message)
+        self._refuse(refusal(503, message, _RETRY))
 
     def default_lines(self) -> bytes:
         """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
@@ -129,8 +137,10 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refuse(refusal(400, "Upgrade is not supported here: send the request without "
                                  "'Upgrade' and 'Connection: upgrade'"))
         elif size > limits.budget - limits.in_flight:
-            self._refuse(refusal(503, f"{limits.in_flight} request bytes in flight, the limit "
-                                 f"is {limits.budget}: retry later", _RETRY))
+            self._refuse_busy("bytes_in_flight", f"{limits.in_flight} request bytes in flight "
+                              f"and this body's {size} would pass GRM_MAX_BYTES_IN_FLIGHT="
+                              f"{limits.budget}: retry later; raise GRM_MAX_BYTES_IN_FLIGHT or "
+                              "send smaller bodies")
         else:
             limits.in_flight += size  # `limits.take`, inlined: the room is checked above
             limits.moved += size
@@ -154,8 +164,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def _chunk(self, size: int) -> None:
         """A chunked body gives no length up front: its bytes count as they come."""
         if not self.limits.take(size):
-            self._refuse(refusal(503, f"the limit of {self.limits.budget} request bytes in "
-                                 "flight is reached: retry later", _RETRY))
+            self._refuse_busy("bytes_in_flight", "the request bytes in flight reached "
+                              f"GRM_MAX_BYTES_IN_FLIGHT={self.limits.budget}: retry later; "
+                              "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies")
             return
         self._reserved[-1] += size
 

@@ -62,7 +62,14 @@ async def audit(gw: GatewayDep) -> dict[str, Any]:
 
 @router.get("/v1/capabilities")
 async def capabilities(gw: GatewayDep) -> dict[str, Any]:
+    """What the engine guarantees, and what a client paces itself to: `slots` (requests the
+    ready replicas serve at once), `score_items_admitted` (items of /v1/score batches
+    accepted at once; past it 429) and `score_max_tokens` (the cap of a scorer's max_tokens
+    where a batch's sampling sets none, or null)."""
     caps = gw.identity.capabilities
+    slots = gw.slots()
     return {"batch_invariant": caps.batch_invariant,
             "sampling_invariant": caps.sampling_invariant, "note": caps.note,
-            "serialize": gw.settings.serialize, "routing": gw.settings.routing}
+            "serialize": gw.settings.serialize, "routing": gw.settings.routing,
+            "slots": slots, "score_items_admitted": gw.backlog.bound(slots),
+            "score_max_tokens": gw.identity.score_max_tokens}

@@ -39,14 +39,28 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None)
     checkpoint.check_sampling(req.sampling, gw.limits)
     checkpoint.check_shared_size("options", req.options)
     check_request(name, scorer, req)
-    timed = gw.metrics.score_item_latency.labels(req.scorer).observe
-    answer = await score_batch(req, scorer, make_send(gw, asker), gw.settings.score_concurrency,
-                               gw.identity.fingerprint_id, timed)
+    observe = gw.metrics.score_item_latency.labels(req.scorer).observe
+    with gw.owe(len(req.items)) as debt:  # admitted, or 429 before any item runs
+
+        def timed(seconds: float) -> None:
+            observe(seconds)
+            debt.settle()
+
+        answer = await score_batch(req, scorer, make_send(gw, asker, _max_tokens(gw, req)),
+                                   gw.settings.score_concurrency, gw.identity.fingerprint_id,
+                                   timed)
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
     count(req.scorer, "ok").inc(len(answer.results) - failed)
     count(req.scorer, "error").inc(failed)
     return answer
+
+
+def _max_tokens(gw: Gateway, req: ScoreRequest) -> int | None:
+    """The cap of the scorer's max_tokens: none where the batch's sampling sets its own."""
+    if "max_tokens" in req.sampling or "max_completion_tokens" in req.sampling:
+        return None
+    return gw.identity.score_max_tokens
 
 
 @router.post("/v1/score", response_model=ScoreResponse)

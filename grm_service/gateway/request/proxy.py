@@ -21,6 +21,7 @@ from grm_service.engines import Capabilities
 from grm_service.errors import (
     BackendFailed,
     BackendRejected,
+    GrmError,
     Overloaded,
     ResponseTooLarge,
     ServiceUnavailable,
@@ -32,11 +33,13 @@ from grm_service.fingerprint import Fingerprint, parts_digest, system_fingerprin
 from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.answer import Forwarded, Stamps, fingerprint_fields
 from grm_service.gateway.request.audit import Auditor
+from grm_service.gateway.request.backlog import Backlog, Debt
+from grm_service.gateway.request.refusals import Refusals
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.ledger.book import Ledger
 from grm_service.ledger.records import Origin
 from grm_service.metrics import Metrics
-from grm_service.replicas.identity import ServiceIdentity
+from grm_service.replicas.identity import ServiceIdentity, always_serialized
 from grm_service.replicas.pool import Replica, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -106,10 +109,14 @@ class Gateway:
     # (a worker's follower: its view lags the keeper's by its interval); None where the keeper
     # is in this process and its pool is the set itself.
     look: Callable[[], object] | None = None
+    # The process's one count of refusals (`Service`'s, shared with the edge); a Gateway built
+    # alone makes its own.
+    refusals: Refusals | None = None
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
     path_settings: PathSettings = field(init=False)
+    backlog: Backlog = field(init=False)
 
     # Per-replica gauge children: `labels()` costs a lock and a tuple build per call.
     _gauges: dict[str, Gauge] = field(default_factory=dict, repr=False)
@@ -119,15 +126,43 @@ class Gateway:
     def __post_init__(self) -> None:
         self.limits = checkpoint.Limits.from_settings(self.settings)
         self.path_settings = PathSettings.of(self.settings)
+        self.backlog = Backlog(self.settings.score_items_per_slot)
+        if self.refusals is None:
+            self.refusals = Refusals(self.metrics.rejected)
 
     @property
     def inflight(self) -> int:
         return self.batches + self.queued + sum(r.gate.inflight for r in self.pool.replicas)
 
+    def refused(self, reason: str, err: GrmError) -> GrmError:
+        """`err` counted and logged (rate-limited) under `reason`, to be raised."""
+        assert self.refusals is not None, "set by __post_init__"
+        return self.refusals.refuse(reason, err)
+
     def refuse_if_draining(self) -> None:
         """New work after the drain has begun: 503, Retry-After 5 s."""
         if self.draining:
-            raise ServiceUnavailable("the service is shutting down", retry_after=5)
+            raise self.refused("draining", ServiceUnavailable(
+                "the service is shutting down (SIGTERM; work in flight gets "
+                f"GRM_DRAIN_TIMEOUT_S={self.settings.drain_timeout_s:g} s): retry against "
+                "another instance, or once it is back", retry_after=5))
+
+    def slots(self) -> int:
+        """Requests the ready replicas serve at once (`backlog.py`)."""
+        alone = always_serialized(self.identity.capabilities, self.path_settings.serialize)
+        bound = self.path_settings.max_inflight_per_replica
+        return sum(1 if alone or r.serialized else bound for r in self.pool.ready())
+
+    @contextlib.contextmanager
+    def owe(self, items: int) -> Iterator[Debt]:
+        """A score batch of `items`, admitted (`backlog.py`) or refused with 429 before any of
+        its items runs; its items then wait for their slots as long as it takes."""
+        try:
+            self.backlog.check(items, self.slots())
+        except Overloaded as err:
+            raise self.refused("score_backlog", err) from None
+        with self.backlog.owe(items) as debt:
+            yield debt
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -237,7 +272,16 @@ def looked_again(gw: Gateway, key: int, pin: str | None = None) -> list[Replica]
         gw.look()
         if order := route(gw, key, pin):
             return order
-    raise ServiceUnavailable("no healthy replica: retry later", retry_after=5)
+    raise gw.refused("no_replica", ServiceUnavailable(
+        f"no healthy replica ({_states(gw.pool)}): retry later; GET /ready shows each "
+        "replica's state, the gateway's log why one is not ready", retry_after=5))
+
+
+def _states(pool: ReplicaPool) -> str:
+    if not pool.replicas:
+        return "none configured"
+    shown = ", ".join(f"{r.name} {r.state.value}" for r in pool.replicas[:8])
+    return shown + (", ..." if len(pool.replicas) > 8 else "")
 
 
 def _pinned(gw: Gateway, pin: str) -> list[Replica]:
@@ -249,12 +293,15 @@ def _pinned(gw: Gateway, pin: str) -> list[Replica]:
     return [replica] if replica.ready else []
 
 
-async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
-    """Wait for a slot on the replica, within the queue's size and time bounds."""
+async def _admit(gw: Gateway, replica: Replica, alone: bool, owed: bool = False) -> None:
+    """Wait for a slot on the replica, within the queue's size and time bounds; `owed`: an
+    item of an admitted score batch (`Gateway.owe`), which waits as long as it takes."""
     settings = gw.path_settings
-    if gw.queued >= settings.max_queue:
-        gw.metrics.rejected.labels(reason="queue_full").inc()
-        raise Overloaded(f"{gw.queued} requests already queued: retry later", retry_after=1)
+    if gw.queued >= settings.max_queue and not owed:
+        raise gw.refused("queue_full", Overloaded(
+            f"{gw.queued} requests already wait for a replica slot, the limit "
+            f"(GRM_MAX_QUEUE={settings.max_queue}): retry later; raise GRM_MAX_QUEUE or add "
+            "replicas", retry_after=1))
     if replica.gate.try_acquire(alone, settings.max_inflight_per_replica):
         return  # a free slot and nobody ahead: no queue entry, no timer
     metrics = gw.metrics
@@ -262,12 +309,15 @@ async def _admit(gw: Gateway, replica: Replica, alone: bool) -> None:
     metrics.queue_depth.inc()
     started = time.monotonic()
     try:
-        async with asyncio.timeout(settings.queue_timeout_s):
+        async with asyncio.timeout(None if owed else settings.queue_timeout_s):
             await replica.gate.acquire(alone, settings.max_inflight_per_replica)
     except TimeoutError:
-        metrics.rejected.labels(reason="queue_timeout").inc()
-        wait = settings.queue_timeout_s
-        raise Overloaded(f"no free slot within {wait:.0f} s: retry later", retry_after=1) from None
+        raise gw.refused("queue_timeout", Overloaded(
+            f"no slot on replica {replica.name} within GRM_QUEUE_TIMEOUT_S="
+            f"{settings.queue_timeout_s:g} s (it serves "
+            f"{'one request at a time' if alone else settings.max_inflight_per_replica}): "
+            "retry later; raise GRM_QUEUE_TIMEOUT_S or add replicas; a /v1/score batch's "
+            "items are never refused this way", retry_after=1)) from None
     finally:
         gw.queued -= 1
         metrics.queue_depth.dec()
@@ -295,9 +345,9 @@ async def _post(gw: Gateway, replica: Replica, path: str, raw: Body) -> tuple[in
 
 
 async def _attempt(
-    gw: Gateway, replica: Replica, path: str, raw: Body, alone: bool
+    gw: Gateway, replica: Replica, path: str, raw: Body, alone: bool, owed: bool = False
 ) -> tuple[dict[str, Any], bytes]:
-    await _admit(gw, replica, alone)
+    await _admit(gw, replica, alone, owed)
     try:
         response = await _post(gw, replica, path, raw)
     finally:
@@ -341,7 +391,8 @@ async def forward(
     """Check a prepared body, send it to its replica, fail over along the rendezvous order.
     `lifted`: the body's long strings as the client sent them (`longstrings.loads`). With an
     `origin` (a client's request, not an audit's) the answer goes through the ledger.
-    `admitted`: an item of a batch admitted before the drain (`Gateway.batch`)."""
+    `admitted`: an item of a batch admitted before the drain (`Gateway.batch`) and owed
+    service (`Gateway.owe`): never refused for the drain or for queue time."""
     if not admitted:
         gw.refuse_if_draining()
     inline = await check(gw, path, body, lifted)
@@ -350,15 +401,16 @@ async def forward(
                  else [canonical_json(body)])
     ledger = gw.ledger
     if ledger is None or origin is None:
-        return await _send(gw, path, body, raw, pin, audit)
+        return await _send(gw, path, body, raw, pin, audit, owed=admitted)
     if not ledger.may_answer(origin, pinned=pin is not None):
-        forwarded = await _send(gw, path, body, raw, pin, audit)
+        forwarded = await _send(gw, path, body, raw, pin, audit, owed=admitted)
         ledger.record(path, raw, origin, forwarded)
         return forwarded
     request = parts_digest(raw)  # the cache's key and the fingerprint's: hashed once
     forwarded, how = await ledger.answer(
         path, raw, request, origin, functools.partial(_expected_id, gw, body),
-        lambda: _send(gw, path, body, raw, pin, audit, request), functools.partial(served, gw))
+        lambda: _send(gw, path, body, raw, pin, audit, request, admitted),
+        functools.partial(served, gw))
     if how == "hit" and audit and gw.auditor is not None and gw.auditor.draw():
         _audit(gw, gw.auditor, path, body, None, forwarded)
     return forwarded
@@ -391,8 +443,10 @@ def _expected_id(gw: Gateway, body: dict[str, Any]) -> str | None:
 
 
 async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: str | None,
-                audit: bool, request_digest: str | None = None) -> Forwarded:
-    """`request_digest`: `raw`'s, where the caller has it (else hashed for the answer)."""
+                audit: bool, request_digest: str | None = None, owed: bool = False
+                ) -> Forwarded:
+    """`request_digest`: `raw`'s, where the caller has it (else hashed for the answer);
+    `owed`: an admitted score item (`_admit`)."""
     key = router.key_of_parts(raw)
     order = route(gw, key, pin) or looked_again(gw, key, pin)
     caps, mode = gw.identity.capabilities, gw.path_settings.serialize
@@ -402,7 +456,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     for replica in order[: gw.path_settings.max_attempts]:
         serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
         try:
-            payload, engine_json = await _attempt(gw, replica, path, raw, serialized)
+            payload, engine_json = await _attempt(gw, replica, path, raw, serialized, owed)
         except _Retryable as err:
             gw.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
             log.warning("attempt failed, failing over: %s (%s)", err, err.detail)

@@ -61,3 +61,28 @@ def test_score_serve_picks_the_engine_as_serve_does(
         assert settings.engine == cli.build_settings(model="/m", engine=bare["engine"]).engine
         assert resolve_engine(settings.engine) == resolve_engine(EngineName.AUTO)
     assert argv[-2:] == ["--", "--enforce-eager"]
+
+
+def test_score_serve_shows_each_step_of_the_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import contextlib
+    from collections.abc import Iterator
+
+    from grm_service.commands.local_service import Report
+    from grm_service.commands.score import served
+
+    @contextlib.contextmanager
+    def start(spec: object, report: Report) -> Iterator[str]:
+        for state in ("starting the gateway", "starting the gateway",
+                      "replicas ready: 0/2 (r0 starting, r1 starting)",
+                      "replicas ready: 1/2 (r0 ready, r1 checking)"):
+            report(state, 3.0)
+        yield "http://127.0.0.1:1"
+
+    spec = serve_spec(tmp_path, "/m", 2, None, "auto", None, [])
+    with served(spec, start) as url:
+        assert url == "http://127.0.0.1:1"
+    err = capsys.readouterr().err
+    assert err.count("starting the gateway") == 1
+    assert "r0 starting, r1 starting" in err and "r0 ready, r1 checking" in err
+    assert "service ready on http://127.0.0.1:1: 2 replica(s)" in err

@@ -103,3 +103,18 @@ def test_settling_sets_the_capabilities_and_the_info_metric_once_per_reference()
     moved = reported(engine="vllm-cpu")
     held.settle(moved)
     assert held.reference is moved and held.capabilities.batch_invariant is False
+
+
+@pytest.mark.parametrize(("engine", "verified", "setting", "cap"), [
+    ("vllm-cpu", True, None, 256),  # 4096 OCR tokens take minutes per item on CPU
+    ("vllm", True, None, None),  # the scorers' own
+    ("vllm-cpu", False, None, None),  # an unverified replica's engine is not known
+    ("vllm", True, 64, 64),  # GRM_SCORE_MAX_TOKENS, whatever the engine
+])
+def test_the_scorers_max_tokens_follow_the_reference_engine_unless_set(
+    engine: str, verified: bool, setting: int | None, cap: int | None
+) -> None:
+    held = ServiceIdentity(SETTINGS.model_copy(update={"score_max_tokens": setting}))
+    extra = {} if verified else {"model_hash": None, "env_digest": None}
+    held.settle(reported(engine=engine, verified=verified, **extra))
+    assert held.score_max_tokens == cap

@@ -31,6 +31,9 @@ async def test_a_served_replica_is_ready_and_named_in_the_identity(stub: Proc,
     assert identity["replicas"] == {"r0": identity["fingerprint_id"]}
     assert caps["batch_invariant"] is False and "unverified" in caps["note"]
     assert (caps["serialize"], caps["routing"]) == (settings.serialize, settings.routing)
+    # One unverified replica serves one request at a time; 32 score items admitted per slot.
+    assert (caps["slots"], caps["score_items_admitted"], caps["score_max_tokens"]) == (1, 32,
+                                                                                         None)
     assert audit["serialized_replicas"] == [] and audit["audited"] == 0
     assert metrics.headers["content-type"].startswith("text/plain")
     assert b'grm_requests_total{replica="",route="/ready",status="200"} 1.0' in metrics.content

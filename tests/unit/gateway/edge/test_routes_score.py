@@ -100,3 +100,23 @@ async def test_a_batch_begun_before_the_drain_is_answered_whole(tmp_path: Path) 
     assert [r["status"] for r in answer.json()["results"]] == ["ok"] * 6
     # the begun batch is counted as one, beside its items' engine requests, until answered
     assert counted[0] == 1 and counted[1] > counted[0] and after == (0, 0)
+
+
+async def test_the_scorers_max_tokens_is_capped_unless_the_batch_sets_its_own(
+    stub: Proc, tmp_path: Path
+) -> None:
+    item = {"id": "a", "completion": "x"}
+    async with serving(settings(stub, tmp_path, score_max_tokens=5)) as (hot, _), \
+            client(hot.app) as api:
+        await received(stub.url)
+        caps = (await api.get("/v1/capabilities")).json()
+        capped = await api.post("/v1/score", json={"scorer": "length", "items": [item]})
+        own = await api.post("/v1/score", json={"scorer": "length", "items": [item],
+                                                "sampling": {"max_tokens": 9}})
+        sent = await received(stub.url)
+    assert capped.status_code == own.status_code == 200, (capped.text, own.text)
+    assert caps["score_max_tokens"] == 5
+    # The length scorer asks for 12: the engine gets the cap, or what the batch asked for.
+    assert [s["body"]["max_tokens"] for s in sent] == [5, 9]
+    digests = [r.json()["results"][0]["fingerprint"]["request_digest"] for r in (capped, own)]
+    assert digests[0] != digests[1], "the cap is part of the request on record"

@@ -46,17 +46,32 @@ async def test_a_queued_request_is_counted_while_it_waits_and_its_wait_observed(
     assert value(gw, "grm_queue_wait_seconds_sum") >= 0.04
 
 
-@pytest.mark.parametrize(("over", "reason"), [
-    ({"max_queue": 0}, "queue_full"),
-    ({"queue_timeout_s": 0.05}, "queue_timeout"),
+@pytest.mark.parametrize(("over", "reason", "setting"), [
+    ({"max_queue": 0}, "queue_full", "GRM_MAX_QUEUE=0"),
+    ({"queue_timeout_s": 0.05}, "queue_timeout", "GRM_QUEUE_TIMEOUT_S=0.05 s"),
 ])
-async def test_each_429_is_counted_by_its_reason(over: dict[str, float], reason: str) -> None:
+async def test_each_429_is_counted_by_its_reason_and_names_its_setting(
+    over: dict[str, float], reason: str, setting: str
+) -> None:
     gw, replica = gateway(**over)
     replica.gate.try_acquire(True)  # the replica is busy
-    with pytest.raises(Overloaded):
+    with pytest.raises(Overloaded) as refused:
         await proxy._admit(gw, replica, alone=True)
     assert value(gw, "grm_rejected_total", reason=reason) == 1
     assert value(gw, "grm_queue_depth") == 0
+    assert setting in refused.value.message and "raise" in refused.value.message
+
+
+async def test_an_admitted_score_item_waits_past_the_queue_timeout_and_a_full_queue() -> None:
+    gw, replica = gateway(queue_timeout_s=0.05, max_queue=0)
+    replica.gate.try_acquire(True)  # the replica is busy for longer than the queue timeout
+    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True, owed=True))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and gw.queued == 1
+    await replica.gate.release(True)
+    async with asyncio.timeout(5):
+        await waiting  # its slot, not a 429
+    assert value(gw, "grm_rejected_total", reason="queue_timeout") == 0
 
 
 def test_tokens_are_counted_from_the_engines_usage() -> None:
