@@ -14,6 +14,8 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from grm_service.digits import decimal
+
 
 class EngineName(StrEnum):
     AUTO = "auto"
@@ -402,7 +404,8 @@ class Settings(BaseSettings):
                 tp = self.engine_args[i + 1]
             elif arg.startswith(("--tensor-parallel-size=", "-tp=")):
                 tp = arg.split("=", 1)[1]
-        return int(tp) if tp.isdigit() else 1
+        parsed = decimal(tp)
+        return 1 if parsed is None else parsed
 
     def all_api_keys(self) -> list[str]:
         keys = list(self.api_keys)

@@ -18,6 +18,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grm_service.digits import decimal
+
 _GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[^)\s]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[^)\s]+)\)\s*$")
 
@@ -53,8 +55,9 @@ def parse_listing(text: str) -> tuple[Gpu, ...]:
 
 def _resolve(entry: str, gpus: Sequence[Gpu]) -> str | None:
     """The device name one mask entry selects, or None where CUDA would stop."""
-    if entry.isdigit():
-        found = [g for g in gpus if g.index == int(entry)]
+    index = decimal(entry)
+    if index is not None:
+        found = [g for g in gpus if g.index == index]
         return found[0].name if found else None
     if entry.startswith("GPU-"):
         found = [g for g in gpus if g.uuid.startswith(entry)]

@@ -16,6 +16,8 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from grm_service.digits import decimal
+
 _VERSION_LINE = re.compile(r"^__version__\s*(?::\s*\S+)?\s*=\s*(?:version\s*=\s*)?'([^']+)'", re.M)
 
 
@@ -109,8 +111,8 @@ def remove_dead_owners(folder: Path, prefix: str, suffix: str = "*") -> list[Pat
     pid, is gone (SIGKILLed, or become another program by exec); those of live ones stay."""
     removed = []
     for path in folder.glob(f"{prefix}*-{suffix}"):
-        pid = path.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not process_running(int(pid)):
+        pid = decimal(path.name[len(prefix):].split("-", 1)[0])
+        if pid is not None and not process_running(pid):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from grm_service import determinism
+from grm_service.digits import decimal
 from grm_service.fingerprint import (
     env_digest,
     fingerprint_id,
@@ -152,13 +153,14 @@ def model_of(argv: Sequence[str]) -> str:
 def numerics(argv: Sequence[str]) -> dict[str, Any]:
     """The engine arguments that change output bits, as the replica was started with them."""
     max_len = arg_value(argv, "--max-model-len")
-    tp = arg_value(argv, "--tensor-parallel-size", "-tp")
+    length = decimal(max_len) if max_len else None
+    tp = decimal(arg_value(argv, "--tensor-parallel-size", "-tp") or "")
     return {
         "dtype": arg_value(argv, "--dtype") or "auto",
-        "max_model_len": int(max_len) if max_len and max_len.isdigit() else max_len,
+        "max_model_len": max_len if length is None else length,
         "quantization": arg_value(argv, "--quantization", "-q"),
         "kv_cache_dtype": arg_value(argv, "--kv-cache-dtype"),
-        "tensor_parallel_size": int(tp) if tp and tp.isdigit() else 1,
+        "tensor_parallel_size": 1 if tp is None else tp,
         "enforce_eager": "--enforce-eager" in argv,
     }
 

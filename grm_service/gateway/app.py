@@ -10,12 +10,14 @@ from typing import Any, Protocol
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from grm_service import __version__
 from grm_service.config import Settings
-from grm_service.errors import GrmError
+from grm_service.errors import GrmError, MethodNotAllowed, UnknownRoute
 from grm_service.gateway.edge import (
     routes_admin,
     routes_engines,
@@ -24,6 +26,7 @@ from grm_service.gateway.edge import (
     routes_openai,
     routes_score,
 )
+from grm_service.gateway.edge.bad_json import invalid_json
 from grm_service.gateway.edge.guards import Guards
 from grm_service.gateway.edge.hotpath import HotPath
 from grm_service.gateway.edge.middleware import MetricsMiddleware
@@ -167,8 +170,31 @@ async def _grm_error(request: Request, exc: Exception) -> Response:
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
+    """pydantic's verdict; a body FastAPI could not parse is worded from its bytes (read and
+    kept by the route's request, which this handler is given)."""
     assert isinstance(exc, RequestValidationError)
-    return ReplyResponse(validation_reply(exc.errors()))
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        return ReplyResponse(error_reply(invalid_json(await request.body())))
+    return ReplyResponse(validation_reply(errors))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """The framework's own refusals in OpenAI's shape: no such route, a method the route does
+    not take, a body that is not UTF-8 (FastAPI's "error parsing the body")."""
+    assert isinstance(exc, StarletteHTTPException)
+    where = f"{request.method} {request.url.path}"
+    err: GrmError
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+        err = invalid_json(await request.body())
+    elif exc.status_code == 404:
+        err = UnknownRoute(f"no route for {where}: the routes are listed at /docs")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "another method")
+        err = MethodNotAllowed(f"{where} is not served: this route takes {allowed}")
+    else:
+        return await http_exception_handler(request, exc)
+    return ReplyResponse(error_reply(err, exc.headers))
 
 
 def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
@@ -180,6 +206,7 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.state.service = service  # the routes' dependencies (edge/deps.py) read it
     app.add_exception_handler(GrmError, _grm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(Guards, settings=settings)
     app.add_middleware(MetricsMiddleware, requests=service.requests)
     app.include_router(routes_admin.router)

@@ -11,8 +11,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from grm_service.digits import INT64_MAX, decimal
 from grm_service.fingerprint import produced
-from grm_service.ledger.records import INT64_MAX, Record
+from grm_service.ledger.records import Record
 from grm_service.ledger.store import Selection, Store
 
 PAGE = 500
@@ -24,16 +25,21 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
     if not text:
         return None, None
     low, sep, high = text.partition(":")
-    try:
-        first = int(low) if low else None
-        last = (int(high) if high else None) if sep else first
-    except ValueError:
-        raise ValueError(f"steps {text!r}: expected a:b, a:, :b or a (integers)") from None
-    if any(step is not None and not 0 <= step <= INT64_MAX for step in (first, last)):
-        raise ValueError(f"steps {text[:60]!r}: each step is between 0 and {INT64_MAX}")
+    first = _step(low, text)
+    last = _step(high, text) if sep else first
     if first is not None and last is not None and last < first:
-        raise ValueError(f"steps {text!r}: the last step is before the first")
+        raise ValueError(f"steps {text[:60]!r}: the last step is before the first")
     return first, last
+
+
+def _step(part: str, text: str) -> int | None:
+    if not part:
+        return None
+    step = decimal(part)
+    if step is None:
+        raise ValueError(f"steps {text[:60]!r}: expected a:b, a:, :b or a, each step between 0 "
+                         f"and {INT64_MAX} in ASCII digits")
+    return step
 
 
 def nothing_selected(store: Store, run: str | None, steps: str | None,

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from grm_service.digits import INT64_MAX, decimal
 from grm_service.errors import BadTag
 from grm_service.fingerprint import digest
 from grm_service.headers import RUN_HEADER, STEP_HEADER
@@ -22,8 +23,6 @@ _FIELDS_JSON = msgspec.json.Encoder()
 IN_COLUMNS = frozenset({"fingerprint_id", "request_digest", "response_digest"})
 _ROW_BYTES = 400  # what a record's columns take besides its body and payload, about
 _MAX_RUN = 200
-# The columns' integers (ids, steps) are signed 64-bit on both stores.
-INT64_MAX = 2**63 - 1
 # Origins kept (`Origin.of`): a trainer sends a few keys, one run and a step at a time, so nearly
 # every request finds its origin made, the key's digest and the frozen dataclass's slow
 # `__init__` (~0.5 us) done once.
@@ -46,9 +45,11 @@ def parse_run(raw: str | None) -> str | None:
 def parse_step(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or int(raw) > INT64_MAX:
-        raise BadTag(f"{STEP_HEADER} must be a non-negative integer, not {raw[:40]!r}")
-    return int(raw)
+    step = decimal(raw)
+    if step is None:
+        raise BadTag(f"{STEP_HEADER} must be an integer from 0 to {INT64_MAX} in ASCII digits "
+                     f"(e.g. '{STEP_HEADER}: 12'), not {raw[:40]!r}")
+    return step
 
 
 @dataclass(frozen=True, slots=True)

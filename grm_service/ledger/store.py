@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from grm_service.digits import INT64_MAX
 from grm_service.ledger.batches import COLUMNS, Batch, Index, pack, split, unpack
 from grm_service.ledger.records import (
-    INT64_MAX,
     Origin,
     Record,
     fields_json,

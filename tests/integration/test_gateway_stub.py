@@ -88,7 +88,7 @@ def test_same_request_same_replica(gateway: Proc) -> None:
     ("body", "status", "message"),
     [
         ({"stream": True}, 400, "stream=false"),
-        ({"model": "nope"}, 400, "'rm'"),
+        ({"model": "nope"}, 404, "'rm'"),
         ({"seed": -1}, 400, "seed"),
         ({"max_tokens": 0}, 422, "max_tokens"),
         ({"messages": []}, 422, "messages"),

@@ -417,7 +417,8 @@ def test_an_answer_over_the_response_cap_is_a_502_naming_it(tmp_path: Path) -> N
             r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
                            json={"messages": [{"role": "user", "content": "x"}]})
             refused(r, 502, "r0: the answer is over 16384 bytes", "GRM_MAX_RESPONSE_BYTES")
-            assert r.json()["error"]["type"] == "response_too_large"
+            assert r.json()["error"]["code"] == "response_too_large"
+            assert r.json()["error"]["type"] == "server_error"
             # The half-read connection was dropped; the replica is still served.
             r = httpx.post(gw.url + "/classify", json={"input": "x"}, timeout=30)
             assert r.status_code == 200, r.text

@@ -125,7 +125,9 @@ def test_good_and_allowlisted_images_pass(gateway: Proc) -> None:
 def test_no_500_from_malformed_json(gateway: Proc) -> None:
     r = httpx.post(gateway.url + "/v1/chat/completions", content=b"{not json",
                    headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"})
-    assert r.status_code == 422
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_json"
+    assert "line 1, column 2 (byte 1): expected a property name" in r.json()["error"]["message"]
 
 
 def test_drain_on_sigterm(tmp_path: Path) -> None:

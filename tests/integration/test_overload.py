@@ -59,7 +59,8 @@ def test_burst_answers_only_200_or_429_with_retry_after(gateway: Proc) -> None:
     refused = [r for r in responses if r.status_code == 429]
     missing = [r.text for r in refused if not r.headers.get("retry-after", "").isdigit()]
     assert not missing, f"{len(missing)} 429s without a Retry-After in seconds: {missing[0]}"
-    assert all(r.json()["error"]["type"] == "overloaded" for r in refused)
+    assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
+    assert all(r.json()["error"]["code"] == "overloaded" for r in refused)
 
 
 def _first_other(responses: list[httpx.Response]) -> str:

@@ -98,7 +98,7 @@ def test_batch_fingerprint_is_repeatable_and_unknown_scorers_are_refused(two: Pr
     assert first["fingerprint"] == second["fingerprint"]
     assert first["fingerprint"]["items"] == 3 and first["fingerprint"]["errors"] == 0
     bad = httpx.post(two.url + "/v1/score", json={**body, "scorer": "nope"}, timeout=30)
-    assert bad.status_code == 400 and bad.json()["error"]["type"] == "unknown_scorer"
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "unknown_scorer"
 
 
 async def test_verl_omni_same_seed_same_rm_scores_bit_for_bit(two: Proc) -> None:

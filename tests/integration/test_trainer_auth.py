@@ -167,6 +167,11 @@ def test_openai_sdk_reads_the_validation_error(gateway: Proc) -> None:
                     cast_to=object)
     assert "items.0.id: Field required" in caught.value.message
     assert caught.value.param == "items.0.id"  # type: ignore[attr-defined]
+    assert (caught.value.type, caught.value.code) == ("invalid_request_error", "invalid_fields")
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="another-model",
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert (unknown.value.type, unknown.value.code) == ("not_found_error", "unknown_model")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="wrong", max_retries=0).post(
             "/score", body={}, cast_to=object)

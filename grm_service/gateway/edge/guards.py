@@ -11,9 +11,9 @@ import hmac
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grm_service.config import Settings
-from grm_service.errors import GrmError
+from grm_service.errors import BadHeader, GrmError, TooLarge, Unauthorized
 from grm_service.gateway.edge.head import RequestHead
-from grm_service.gateway.edge.replies import refusal, send_reply
+from grm_service.gateway.edge.replies import error_reply, send_reply
 from grm_service.gateway.request.checkpoint import check_json_shape
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
@@ -26,9 +26,8 @@ AUTHORIZED = "grm_authorized"
 HEAD = "grm.head"
 
 
-async def _refuse(send: Send, status: int, message: str,
-                  headers: dict[str, str] | None = None) -> None:
-    await send_reply(send, refusal(status, message, headers))
+async def _refuse(send: Send, err: GrmError, headers: dict[str, str] | None = None) -> None:
+    await send_reply(send, error_reply(err, headers))
 
 
 def presented_key(header: bytes) -> bytes | None:
@@ -72,19 +71,19 @@ class Guards:
             return
         head: RequestHead = scope.get(HEAD) or RequestHead(scope["headers"])
         if head.repeated:
-            await _refuse(send, 400, f"header {head.repeated!r} sent more than once: send it "
-                          "once")
+            await _refuse(send, BadHeader(f"header {head.repeated!r} sent more than once: "
+                                          "send it once"))
             return
         has_key = not self.keys or key_ok(head.authorization, self.keys)
         scope.setdefault("state", {})[AUTHORIZED] = has_key
         if not has_key and scope["path"] not in self.open_paths:
-            await _refuse(send, 401, "missing or invalid API key: send 'Authorization: Bearer "
-                          "<key>' (or the key as the URL's password)",
+            await _refuse(send, Unauthorized("missing or invalid API key: send 'Authorization: "
+                                             "Bearer <key>' (or the key as the URL's password)"),
                           {"www-authenticate": "Bearer"})
             return
         if head.content_length > self.limit:
-            await _refuse(send, 413, f"body is {head.content_length} bytes; the limit is "
-                          f"{self.limit}")
+            await _refuse(send, TooLarge(f"body is {head.content_length} bytes; the limit is "
+                                         f"{self.limit}"))
             return
         await self._limited(scope, receive, send)
 
@@ -101,7 +100,7 @@ class Guards:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await _refuse(send, 413, f"body exceeds the limit of {self.limit} bytes")
+                await _refuse(send, TooLarge(f"body exceeds the limit of {self.limit} bytes"))
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -109,7 +108,7 @@ class Guards:
         try:
             check_json_shape(body, self.max_depth, self.max_values)
         except GrmError as err:
-            await _refuse(send, err.http_status, err.message)
+            await _refuse(send, err)
             return
         replayed = False
 

@@ -33,10 +33,11 @@ import httptools
 from uvicorn._types import ASGI3Application, HTTPScope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from grm_service.errors import BadHeader, EdgeFull, RequestTimeout
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import ADMITTED, CHAT, CLASSIFY, HEAD, HotPath
 from grm_service.gateway.edge.limits import EdgeLimits
-from grm_service.gateway.edge.replies import Reply, header_lines, refusal, wire
+from grm_service.gateway.edge.replies import Reply, error_reply, header_lines, wire
 from grm_service.gateway.request.proxy import Gateway
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ _HOT_URLS = frozenset({CHAT.encode(), CLASSIFY.encode()})
 _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 # Phases of the request a connection is in; the deadline of each is in limits.py.
 _IDLE, _HEADERS, _BODY, _BUSY, _DRAIN = range(5)
-_RETRY = {"retry-after": "1"}
 # A hot body with at least this much still to come after the read that ended its headers is
 # read by the transport straight into one buffer (`_BodyReader`); a smaller rest goes through
 # the parser, whose copies of it cost less than switching the connection's protocol.
@@ -86,8 +86,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def expire(self) -> None:
         """Past the deadline of the phase: a 408 while a request is being read, else a close."""
         if self._phase in (_HEADERS, _BODY):
-            self._refuse(refusal(408, "the request did not arrive in time (headers: "
-                                 f"{self.limits.header_s:g} s, body: {self.limits.body_s:g} s)"))
+            self._refuse(error_reply(RequestTimeout(
+                "the request did not arrive in time (headers: "
+                f"{self.limits.header_s:g} s, body: {self.limits.body_s:g} s)")))
         elif not self.transport.is_closing():
             self.transport.close()
 
@@ -100,7 +101,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def _refuse_busy(self, reason: str, message: str) -> None:
         """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
         self.limits.refusals.note(reason, 503, message)
-        self._refuse(refusal(503, message, _RETRY))
+        self._refuse(error_reply(EdgeFull(message, retry_after=1)))
 
     def default_lines(self) -> bytes:
         """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
@@ -134,8 +135,9 @@ class EdgeProtocol(HttpToolsProtocol):
         limits = self.limits
         size = head.content_length if head.content_length > 0 else 0
         if self.parser.should_upgrade():
-            self._refuse(refusal(400, "Upgrade is not supported here: send the request without "
-                                 "'Upgrade' and 'Connection: upgrade'"))
+            self._refuse(error_reply(BadHeader("Upgrade is not supported here: send the "
+                                               "request without 'Upgrade' and 'Connection: "
+                                               "upgrade'")))
         elif size > limits.budget - limits.in_flight:
             self._refuse_busy("bytes_in_flight", f"{limits.in_flight} request bytes in flight "
                               f"and this body's {size} would pass GRM_MAX_BYTES_IN_FLIGHT="

@@ -14,7 +14,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Send
 
-from grm_service.errors import GrmError, error_body
+from grm_service.errors import GrmError, InvalidFields, error_body
 from grm_service.fingerprint import answer_headers, fingerprint_headers
 from grm_service.gateway.request.answer import RESPONSE_JSON, Forwarded, encode_headers, render
 
@@ -45,28 +45,26 @@ def answer_reply(forwarded: Forwarded) -> Reply:
     return reply(200, render(forwarded), fingerprint_headers(fields))
 
 
-def error_reply(err: GrmError) -> Reply:
-    retry = {"retry-after": str(max(1, round(err.retry_after)))} if err.retry_after else None
-    return json_reply(err.http_status, error_body(err), retry)
-
-
-def refusal(status: int, message: str, headers: Mapping[str, str] | None = None) -> Reply:
-    """A request refused at the edge, before any route ran (auth, size, shape, headers)."""
-    body = {"error": {"message": message, "type": "refused", "code": status}}
-    return json_reply(status, body, headers)
+def error_reply(err: GrmError, headers: Mapping[str, str] | None = None) -> Reply:
+    """Every refusal, whichever edge or route makes it: OpenAI's error object (`error_body`),
+    `Retry-After` where the error gives one, then `headers`."""
+    retry = {"retry-after": str(max(1, round(err.retry_after)))} if err.retry_after else {}
+    return json_reply(err.http_status, error_body(err), {**retry, **(headers or {})})
 
 
 def validation_reply(errors: Sequence[Mapping[str, Any]]) -> Reply:
     """pydantic's errors as OpenAI's error object, so SDK users read which field is wrong and
     how (an OpenAI client shows `error.message`, not FastAPI's `detail`)."""
+    return error_reply(invalid_fields(errors))
+
+
+def invalid_fields(errors: Sequence[Mapping[str, Any]]) -> InvalidFields:
     problems = []
     for error in errors:
         where = _where(error)
         problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
     param = _where(errors[0]) if errors else None
-    body = {"error": {"message": "; ".join(problems) or "invalid request",
-                      "type": "invalid_request_error", "param": param or None, "code": 422}}
-    return json_reply(422, body)
+    return InvalidFields("; ".join(problems) or "invalid request", param or None)
 
 
 def _where(error: Mapping[str, Any]) -> str:

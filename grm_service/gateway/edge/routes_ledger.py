@@ -9,7 +9,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BeforeValidator
 
+from grm_service.digits import is_decimal
 from grm_service.errors import InvalidRequest, NotFound
 from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.edge.guards import presented_key
@@ -25,6 +27,16 @@ Run = Annotated[str | None, Query(description="Run tag; empty: untagged requests
 Steps = Annotated[str | None, Query(description="Steps a:b (both included), a:, :b or a.")]
 # What a store's 64-bit integer columns hold.
 _INT64 = 2**63 - 1
+
+
+def _ascii_digits(value: object) -> object:
+    """pydantic reads ' 1', '+1', '1_000' and '1.0' as 1: an id or a count is ASCII digits."""
+    if isinstance(value, str) and not is_decimal(value):
+        raise ValueError("expected an integer in ASCII digits (0-9)")
+    return value
+
+
+Digits = BeforeValidator(_ascii_digits)
 
 
 def _ledger(gw: Gateway) -> Ledger:
@@ -65,8 +77,9 @@ async def steps(request: Request, gw: GatewayDep, run: Annotated[str, Query()]) 
 async def records(
     request: Request, gw: GatewayDep, run: Run = None, steps: Steps = None,
     request_digest: Annotated[str | None, Query()] = None,
-    after: Annotated[int, Query(ge=0, le=_INT64, description="Records after this id.")] = 0,
-    limit: Annotated[int, Query(ge=1, le=PAGE)] = 100,
+    after: Annotated[int, Digits,
+                     Query(ge=0, le=_INT64, description="Records after this id.")] = 0,
+    limit: Annotated[int, Digits, Query(ge=1, le=PAGE)] = 100,
 ) -> dict[str, Any]:
     selection = _selection(request, gw, run, steps, request_digest)
     found = await _ledger(gw).read(lambda store: store.records(selection, limit, after))
@@ -75,7 +88,7 @@ async def records(
 
 @router.get("/records/{record_id}")
 async def record(request: Request, gw: GatewayDep,
-                 record_id: Annotated[int, Path(ge=0, le=_INT64)]) -> dict[str, Any]:
+                 record_id: Annotated[int, Digits, Path(ge=0, le=_INT64)]) -> dict[str, Any]:
     key = _key(request, gw)
     found = await _ledger(gw).read(lambda store: store.record(record_id, key))
     if found is None:

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from grm_service.errors import TooLarge
+from grm_service.gateway.edge.bad_json import invalid_json
 from grm_service.gateway.request.checkpoint import SAMPLING_FIELDS
 from grm_service.scoring.models import ScoreItem, ScoreRequest
 from grm_service.scoring.registry import OPTION_SCHEMAS
@@ -54,10 +55,8 @@ async def read_score_request(request: Request, max_items: int) -> ScoreRequest:
     raw = await request.body()
     try:
         data = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0),
-                                       "msg": "JSON decode error", "input": {},
-                                       "ctx": {"error": str(err)[:200]}}]) from None
+    except (ValueError, RecursionError):
+        raise invalid_json(raw) from None
     try:
         envelope = _Envelope.model_validate(data)
     except ValidationError as err:

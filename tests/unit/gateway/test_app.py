@@ -18,5 +18,5 @@ def test_validation_error_names_the_field_like_openai() -> None:
 
     assert error == {
         "message": "items.0.id: Field required; scorer: Input should be a string",
-        "type": "invalid_request_error", "param": "items.0.id", "code": 422,
+        "type": "invalid_request_error", "param": "items.0.id", "code": "invalid_fields",
     }

@@ -84,6 +84,30 @@ async def test_a_bad_step_tag_is_a_400_naming_it(stub: Proc, tmp_path: Path) -> 
     assert huge_after.status_code == huge_id.status_code == 422
 
 
+async def test_integers_outside_ascii_digits_are_4xx_on_every_ledger_input(
+    stub: Proc, tmp_path: Path
+) -> None:
+    """'²' is a digit to `str.isdigit` and not to `int`: the step tag was a 500."""
+    texts = ["²", "٣", "-1", " 1", "1e3", "1_000", "+1"]
+    async with serving(settings(stub, tmp_path)) as (hot, _), client(hot) as api, \
+            client(hot.app) as routes:
+        tagged = [await door.post(path, json=body, headers={"x-grm-step": b"\xb2"})
+                  for door in (api, routes) for path, body in (
+                      ("/v1/chat/completions", {"messages": MSGS}),
+                      ("/v1/score", {"scorer": "length", "items": ITEMS}))]
+        queried = [await api.get("/v1/ledger/records", params={name: text})
+                   for text in texts for name in ("steps", "after", "limit")]
+        ids = [await api.get(f"/v1/ledger/records/{text}") for text in texts]
+        assert (await api.get("/v1/ledger/records", params={"after": "0", "limit": "5"})
+                ).status_code == 200
+    for r in tagged:
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "bad_tag" and "ASCII digits" in r.text
+    for r in (*queried, *ids):
+        assert r.status_code in (400, 422), r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_a_repeated_score_batch_is_answered_from_the_ledger(stub: Proc,
                                                                   tmp_path: Path) -> None:
     # No audit: a sampled hit is re-run on an engine by design, which this counts as a miss.

@@ -76,7 +76,8 @@ async def test_keys_guard_every_path_but_health_ready_and_metrics() -> None:
         metrics = await api.get("/metrics")
         keyed = await api.post("/v1/score", content=b"{}", headers={"authorization": "Bearer k1"})
     assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
-    assert refused.json()["error"]["type"] == "refused"
+    assert refused.json()["error"]["type"] == "authentication_error"
+    assert refused.json()["error"]["code"] == "invalid_api_key"
     assert health.json() == metrics.json() == {"body": "", "authorized": False}
     assert keyed.json() == {"body": "{}", "authorized": True}
     assert inner.calls == 3

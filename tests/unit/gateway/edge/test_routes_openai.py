@@ -63,13 +63,24 @@ async def test_refusals_are_openai_error_objects(stub: Proc, tmp_path: Path) -> 
         empty = await api.post("/v1/chat/completions", json={"messages": []})
         pinned = await api.post("/v1/chat/completions", json={"messages": MSGS},
                                 headers={"x-grm-pin-replica": "r9"})
+        nowhere = await api.post("/v1/completions", json={"prompt": "x"})
+        method = await api.get("/v1/chat/completions")
         assert await received(stub.url) == [], "nothing refused reaches the replica"
     assert streaming.status_code == 400 and "stream=false" in streaming.json()["error"]["message"]
-    assert other.status_code == 400 and "'x' is not served here" in other.json()["error"]["message"]
+    assert other.status_code == 404 and "'x' is not served here" in other.json()["error"]["message"]
+    assert other.json()["error"]["type"] == "not_found_error"
+    assert other.json()["error"]["code"] == "unknown_model"
     assert empty.status_code == 422
     assert empty.json()["error"]["param"] == "messages"
     assert empty.json()["error"]["type"] == "invalid_request_error"
+    assert empty.json()["error"]["code"] == "invalid_fields"
     assert pinned.status_code == 400 and "r9" in pinned.json()["error"]["message"]
+    assert pinned.json()["error"]["code"] == "unknown_replica"
+    assert nowhere.status_code == 404 and nowhere.json()["error"] == {
+        "message": "no route for POST /v1/completions: the routes are listed at /docs",
+        "type": "not_found_error", "param": None, "code": "unknown_route"}
+    assert method.status_code == 405 and method.headers["allow"] == "POST"
+    assert method.json()["error"]["code"] == "method_not_allowed"
 
 
 async def test_a_pin_sends_the_request_to_that_replica(stub: Proc, tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ async def test_classify_is_passed_through_with_a_fingerprint(stub: Proc, tmp_pat
     assert r.json()["data"] == [{"index": 0, "probs": [0.25, 0.75]}]
     assert r.json()["grm_fingerprint"]["replica"] == r.headers["x-grm-replica"] == "r0"
     assert sent == {"path": "/classify", "body": {"input": "a good answer", "model": "rm"}}
-    assert other.status_code == 400
+    assert other.status_code == 404, other.text
+    assert other.json()["error"]["type"] == "not_found_error"
+    assert other.json()["error"]["code"] == "unknown_model"
 
 
 async def test_a_batch_begun_before_the_drain_is_answered_whole(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 
-from grm_service.errors import TooLarge
+from grm_service.errors import InvalidJson, TooLarge
 from grm_service.gateway.edge.score_body import CHUNK, add_score_schema, read_score_request
 from grm_service.scoring.registry import OPTION_SCHEMAS
 
@@ -50,8 +50,12 @@ async def test_an_item_error_names_its_index_in_the_whole_batch() -> None:
     assert error["loc"] == ("body", "items", CHUNK + 3, "id") and error["type"] == "missing"
 
 
+async def test_a_body_that_is_not_json_is_refused_naming_where_and_what() -> None:
+    with pytest.raises(InvalidJson, match=r"line 1, column 2 \(byte 1\): expected a property"):
+        await read(b"{not json")
+
+
 @pytest.mark.parametrize(("body", "loc", "kind"), [
-    (b"{not json", ("body", 0), "json_invalid"),
     ({"scorer": "judge", "items": []}, ("body", "items"), "too_short"),
     ({"scorer": "judge", "items": [{"id": "a"}], "extra": 1}, ("body", "extra"),
      "extra_forbidden"),
