@@ -77,7 +77,7 @@ def _split_csv(value: object) -> object:
     return value
 
 
-def _engine_words(value: object) -> object:
+def engine_words(value: object) -> object:
     """GRM_ENGINE_ARGS as one string: a JSON list of strings, or shell words. Never split on
     commas: an engine flag's JSON value has them (`--limit-mm-per-prompt '{"image": 8, "video":
     0}'`), and `--max-model-len 8192` must stay two argv tokens."""
@@ -345,7 +345,7 @@ class Settings(BaseSettings):
     @field_validator("engine_args", mode="before")
     @classmethod
     def _words(cls, value: object) -> object:
-        return _engine_words(value)
+        return engine_words(value)
 
     @field_validator("engine_args")
     @classmethod

