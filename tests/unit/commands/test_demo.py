@@ -73,3 +73,16 @@ def test_the_printed_score_command_sends_the_demos_requests() -> None:
     assert params["inputs"] == [str(SAMPLES)] and params["scorer"] == "ocr"
     assert json.loads(params["sampling"]) == sampling
     assert params["url"] == "http://127.0.0.1:8000"
+
+
+def test_the_readme_serves_the_demo_model_as_the_demo_prints_it() -> None:
+    """The README's first screen takes a newcomer from the demo to their own folder with the
+    demo's `serve` command: it must stay the command the demo prints (the model in the default
+    cache, written with `~`)."""
+    from grm_service.tiny_models import BUILDER_VERSION
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    model = Path("~/.cache/grm-service/tiny-models") / f"vlm-b{BUILDER_VERSION}"
+    # shlex quotes `~`; the README leaves it to the shell to expand.
+    line = demo_spec(model, 2, Path("work")).command_line().replace(f"'{model}'", str(model))
+    assert f"\n.venv/bin/{line}\n" in readme
