@@ -177,6 +177,11 @@ def parse(response: httpx.Response) -> ScoreResponse:
     return ScoreResponse.from_json(response.json())
 
 
+def in_flight(capacity: Capacity | None, batch_size: int, concurrency: int) -> int:
+    """Batches a client keeps in flight: `concurrency`, within what the service serves."""
+    return concurrency if capacity is None else capacity.batches(batch_size, concurrency)
+
+
 class _Cached:
     """The service's `Capacity` as last looked up: replicas come and go, so at most a minute
     old."""
@@ -264,9 +269,7 @@ class GrmClient:
 
     def in_flight(self, capacity: Capacity | None) -> int:
         """Batches `score` keeps in flight: `concurrency`, within what the service serves."""
-        if capacity is None:
-            return self.concurrency
-        return capacity.batches(self.batch_size, self.concurrency)
+        return in_flight(capacity, self.batch_size, self.concurrency)
 
 
 class AsyncGrmClient:
@@ -341,6 +344,4 @@ class AsyncGrmClient:
 
     def in_flight(self, capacity: Capacity | None) -> int:
         """Batches `score` keeps in flight: `concurrency`, within what the service serves."""
-        if capacity is None:
-            return self.concurrency
-        return capacity.batches(self.batch_size, self.concurrency)
+        return in_flight(capacity, self.batch_size, self.concurrency)
