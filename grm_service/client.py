@@ -71,7 +71,6 @@ class RetryPolicy:
                 pass
         return float(min(self.backoff_s * 2**attempt, self.backoff_max_s))
 
-
     def gives_up(self, tries: int, since: float, busy: bool) -> bool:
         """After `tries` failed tries of a batch first sent at `since` (time.monotonic())."""
         if tries < self.attempts:
