@@ -49,6 +49,8 @@ class ScoreItem:
     completion: str | None = None  # the text judged (a policy's answer): judge, classify
     reference: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    group_id: str | None = None  # group scorers: the items judged together
+    group_size: int | None = None  # group scorers: how many items the group has
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScoreItem:

@@ -22,6 +22,16 @@ class ScoreItem(BaseModel):
     )
     reference: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+    group_id: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="Group scorers: items with the same group_id are judged together, "
+                    "whichever requests bring them.",
+    )
+    group_size: int | None = Field(
+        default=None, ge=1,
+        description="Group scorers: how many items the group has; the service holds the "
+                    "group's items until all have come.",
+    )
 
     def frames(self) -> list[str]:
         if self.image is None:

@@ -1,0 +1,1 @@
+"""Group scorers: rewards that judge a prompt's completions together (pairwise, listwise)."""
