@@ -2,7 +2,7 @@
 # vLLM already built and tested together). Build: docker build -t grm-service:gpu .
 # Run:  docker run --gpus all --ipc=host -v /srv/models:/models:ro -e GRM_MODEL=/models/rm \
 #         -e GRM_SERVED_MODEL_NAME=rm -p 8000:8000 grm-service:gpu
-# Every setting is an env var GRM_<FIELD> (grm_service/config.py); see deploy/README.md.
+# Every setting is an env var GRM_<FIELD> (grm_service/config.py); see docs/deployment.md.
 ARG VLLM_TAG=v0.32.0
 FROM vllm/vllm-openai:${VLLM_TAG}
 

@@ -1,7 +1,7 @@
 """Checks of the compose stack while its replicas cannot start (tests/compose/run.sh brings it
 up with a model path that does not exist, then runs this before the healthy stack's checks).
 
-1. Every port is published on 127.0.0.1 only (the default, deploy/README.md).
+1. Every port is published on 127.0.0.1 only (the default, docs/deployment.md).
 2. Monitoring is up although no replica ever becomes healthy: Prometheus answers, and it has
    scraped the gateway's view of the failing start: every replica in a state other than ready
    (grm_replica_state), its last error (grm_replica_last_error), failed starts counted
