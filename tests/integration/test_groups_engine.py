@@ -77,7 +77,9 @@ async def permuted(url: str, size: int, scorer: str, options: dict[str, Any],
 @pytest.fixture(scope="module")
 def own(text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("groups-engine")
-    with running_gateway(tmp, *attach_args(text_backends, "tiny")) as gateway:
+    # 64 batches of up to 16 items at once: past the default backlog of 32 items a slot.
+    env = {"GRM_SCORE_ITEMS_PER_SLOT": "1024"}
+    with running_gateway(tmp, *attach_args(text_backends, "tiny"), env=env) as gateway:
         yield gateway
 
 
