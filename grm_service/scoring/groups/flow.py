@@ -109,8 +109,8 @@ def result(item_id: str, out: Outcome) -> ItemResult:
 class GroupJudge:
     """Judges one complete group (its members in any order): the `seam.Judge` of a group."""
 
-    def __init__(self, scorer: GroupScorer, ctx: GroupContext, group_id: str | None) -> None:
-        self.scorer, self.ctx, self.group_id = scorer, ctx, group_id
+    def __init__(self, scorer: GroupScorer, ctx: GroupContext) -> None:
+        self.scorer, self.ctx = scorer, ctx
 
     async def __call__(self, members: list[ScoreItem]) -> dict[str, ItemResult]:
         results: dict[str, ItemResult] = {}
@@ -154,7 +154,7 @@ async def score_groups(req: ScoreRequest, scorer: GroupScorer, groups: Groups,
     async def one(group_id: str | None, members: list[ScoreItem]) -> None:
         started = time.perf_counter()
         size = group_size(group_id, members, groups.max_size)
-        judge = GroupJudge(scorer, ctx, group_id)
+        judge = GroupJudge(scorer, ctx)
         if size == len(members):
             found.update(await judge(members))
         elif groups.holder is not None:

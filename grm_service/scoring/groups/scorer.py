@@ -96,7 +96,3 @@ def messages(text: str, shown: list[tuple[str, tuple[str, ...]]]) -> list[dict[s
             parts += [{"type": "image_url", "image_url": {"url": f}} for f in frames]
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
-
-def failed(error: str) -> Outcome:
-    return Outcome(score=None, error=error)
-
