@@ -17,12 +17,12 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.integration.test_chaos import backend_failures
 from tests.support.engines import Replica, attach_args
 from tests.support.groups import group_items
 from tests.support.procs import Proc, running_gateway, wait_ready
@@ -99,7 +99,7 @@ def test_any_permutation_at_1_and_64_in_flight_gives_the_same_rewards(own: Proc)
 
 
 def test_a_replica_sigkilled_mid_group_changes_no_reward(
-    launched_text: Proc, own: Proc, tmp_path: Path
+    launched_text: Proc, own: Proc
 ) -> None:
     items = group_items(16, random.Random(49), group_id="killed")
     request = body("pairwise", items, VOWELS)
@@ -120,7 +120,9 @@ def test_a_replica_sigkilled_mid_group_changes_no_reward(
             os.killpg(int(victim["pid"]), signal.SIGKILL)
             return await sent
 
+    failed_over = backend_failures(own.url)
     chaos = asyncio.run(killed_mid_group())
     assert chaos.status_code == 200, chaos.text
+    assert backend_failures(own.url) > failed_over, "the kill landed with nothing in flight"
     assert rewards(chaos.json()) == rewards(clean.json())
     wait_ready(launched_text, timeout=600)  # the keeper restarts r0 for the tests after
