@@ -145,8 +145,30 @@ def as_items(items: Iterable[ItemLike]) -> list[ScoreItem]:
     return [i if isinstance(i, ScoreItem) else ScoreItem.from_json(i) for i in items]
 
 
-def chunks(items: Sequence[ScoreItem], size: int) -> list[list[ScoreItem]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+def chunks(items: Sequence[ScoreItem], size: int) -> list[list[int]]:
+    """Batches of at most `size` items, as input positions: the items of one `group_id` stay in
+    one batch (a group scorer judges a group whole; a group larger than `size` is a batch of its
+    own), in order of their group's first item. Without group ids: consecutive slices."""
+    units: dict[object, list[int]] = {}
+    for index, item in enumerate(items):
+        units.setdefault(index if item.group_id is None else ("group", item.group_id),
+                         []).append(index)
+    batches: list[list[int]] = []
+    for unit in units.values():
+        if batches and len(batches[-1]) + len(unit) <= size:
+            batches[-1] += unit
+        else:
+            batches.append(list(unit))
+    return batches
+
+
+def in_input_order(batches: Sequence[Sequence[int]],
+                   answers: Iterable[ScoreResponse]) -> list[ItemResult]:
+    """The batches' results put back at their items' input positions."""
+    placed: dict[int, ItemResult] = {}
+    for positions, answer in zip(batches, answers, strict=True):
+        placed.update(zip(positions, answer.results, strict=True))
+    return [placed[i] for i in range(len(placed))]
 
 
 def request_body(
@@ -229,12 +251,13 @@ class GrmClient:
         options: Mapping[str, Any] | None = None, step: int | None = None,
     ) -> list[ItemResult]:
         """Every item's result, in input order; `step` tags them on the ledger."""
-        batches = chunks(as_items(items), self.batch_size)
+        given = as_items(items)
+        batches = chunks(given, self.batch_size)
         workers = self.in_flight(self.capacity()) if len(batches) > 1 else 1
         with ThreadPoolExecutor(max(1, min(workers, len(batches)))) as pool:
-            answers = pool.map(lambda b: self.score_batch(b, scorer, sampling, options, step),
-                               batches)
-            return [result for answer in answers for result in answer.results]
+            answers = pool.map(lambda b: self.score_batch([given[i] for i in b], scorer,
+                                                          sampling, options, step), batches)
+            return in_input_order(batches, answers)
 
     def score_batch(
         self, items: Sequence[ItemLike], scorer: str,
@@ -300,16 +323,18 @@ class AsyncGrmClient:
         self, items: Iterable[ItemLike], scorer: str, *, sampling: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None, step: int | None = None,
     ) -> list[ItemResult]:
-        batches = chunks(as_items(items), self.batch_size)
+        given = as_items(items)
+        batches = chunks(given, self.batch_size)
         gate = asyncio.Semaphore(self.in_flight(await self.capacity()) if len(batches) > 1
                                  else 1)
 
-        async def one(batch: list[ScoreItem]) -> ScoreResponse:
+        async def one(batch: list[int]) -> ScoreResponse:
             async with gate:
-                return await self.score_batch(batch, scorer, sampling, options, step)
+                return await self.score_batch([given[i] for i in batch], scorer, sampling,
+                                              options, step)
 
         answers = await asyncio.gather(*(one(b) for b in batches))
-        return [result for answer in answers for result in answer.results]
+        return in_input_order(batches, answers)
 
     async def score_batch(
         self, items: Sequence[ItemLike], scorer: str,

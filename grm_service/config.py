@@ -264,6 +264,10 @@ class Settings(BaseSettings):
         "(default: none, data URLs only).",
     )
     max_score_items: int = Field(4096, ge=1, description="Items in one /v1/score batch -> 413.")
+    group_max_size: int = Field(
+        64, ge=1, le=1024, description="Largest group of a group scorer (pairwise, listwise) "
+        "-> 400; all_pairs judges n(n-1)/2 pairs of a group of n.",
+    )
     max_n: int = Field(16, ge=1, description="Largest `n` (and `best_of`) of a request -> 400.")
     max_tokens_limit: int = Field(
         32768, ge=1, description="Largest max_tokens / max_completion_tokens -> 400."

@@ -11,10 +11,22 @@ for TRL's logged reward column. A failed item gives None, TRL's "no reward" (NaN
 and a warning with the reason. Where TRL passes `log_extra` and `log_metric` (GRPOTrainer), each
 completion's fingerprint id and error go to the completions table (`<name>/grm_fingerprint`,
 `<name>/grm_error`) and the batch's error rate to the metrics (`<name>/grm_error_rate`).
+
+Group rewards (`pairwise`, `listwise`: the completions of one prompt judged together):
+
+    GRPOTrainer(..., reward_funcs=[group_reward(url, "pairwise", num_generations=8)])
+
+Each completion gets a `group_id` from its prompt (text and images), the trainer's step, and
+which of that prompt's groups in this call it is (a prompt sampled twice in a batch is two
+groups of `num_generations`); `group_size` is `num_generations` where given, else the count of
+the prompt's completions in the call.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +37,7 @@ from grm_service.integrations.common import (
     RETRIES,
     TIMEOUT_S,
     Endpoint,
+    ScoringError,
     endpoint,
     image_of,
     references,
@@ -51,6 +64,8 @@ class Job:
     image_key: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
+    grouped: bool = False  # give every item its prompt's group_id and group_size
+    num_generations: int | None = None
 
 
 def prompt_images(prompt: Any) -> list[Any]:
@@ -98,6 +113,30 @@ def to_items(
     return items
 
 
+def with_groups(items: list[ScoreItem], step: int | None, size: int | None
+                ) -> list[ScoreItem]:
+    """The items with their group: the j-th completion of a prompt (its text and images) is in
+    its `j // size`-th group of this call; `size` None: all of the prompt's completions."""
+    keys = [_digest([item.prompt or "", item.image]) for item in items]
+    seen: dict[str, int] = {}
+    ordinal = []
+    for key in keys:
+        ordinal.append(seen.get(key, 0))
+        seen[key] = ordinal[-1] + 1
+    out = []
+    for item, key, j in zip(items, keys, ordinal, strict=True):
+        k = j // size if size else 0
+        members = size or seen[key]
+        group_id = _digest({"prompt": key, "step": step, "group": k})
+        out.append(dataclasses.replace(item, group_id=group_id, group_size=members))
+    return out
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def rewards(results: Sequence[ItemResult], name: str) -> list[float | None]:
     """Scores in order; None (TRL: no reward for this sample) for a failed item, logged."""
     out: list[float | None] = []
@@ -132,7 +171,10 @@ class _Reward:
     def _items(self, prompts: Sequence[Any], completions: Sequence[Any],
                columns: dict[str, Any]) -> tuple[list[ScoreItem], dict[str, Any]]:
         hooks = {k: columns.pop(k) for k in TRAINER_KWARGS if k in columns}
-        return to_items(prompts, completions, columns, self.job), hooks
+        items = to_items(prompts, completions, columns, self.job)
+        if self.job.grouped:
+            items = with_groups(items, step_of(hooks), self.job.num_generations)
+        return items, hooks
 
 
 class GrmReward(_Reward):
@@ -201,3 +243,41 @@ def async_grm_reward(
     job, where = _parts(url, scorer, reference_key, image_key, options, sampling, api_key,
                         headers, batch_size, concurrency, timeout, retries, api_key_env)
     return AsyncGrmReward(job, where, name or f"grm_{scorer}")
+
+
+def group_reward(
+    url: str | None = None, scorer: str = "pairwise", *, num_generations: int | None = None,
+    reference_key: str = "reference", image_key: str | None = None,
+    options: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
+    api_key: str | None = None, headers: Mapping[str, str] | None = None,
+    batch_size: int = 64, concurrency: int = 4, timeout: float = TIMEOUT_S,
+    retries: int = RETRIES, api_key_env: str = KEY_ENV, name: str | None = None,
+) -> GrmReward:
+    """A synchronous TRL reward function that judges each prompt's completions together
+    (`num_generations`: GRPOConfig's; None: the prompt's completions in each call)."""
+    job, where = _parts(url, scorer, reference_key, image_key, options, sampling, api_key,
+                        headers, batch_size, concurrency, timeout, retries, api_key_env)
+    return GrmReward(_grouped(job, num_generations), where, name or f"grm_{scorer}")
+
+
+def async_group_reward(
+    url: str | None = None, scorer: str = "pairwise", *, num_generations: int | None = None,
+    reference_key: str = "reference", image_key: str | None = None,
+    options: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
+    api_key: str | None = None, headers: Mapping[str, str] | None = None,
+    batch_size: int = 64, concurrency: int = 4, timeout: float = TIMEOUT_S,
+    retries: int = RETRIES, api_key_env: str = KEY_ENV, name: str | None = None,
+) -> AsyncGrmReward:
+    """`group_reward`, `async` (TRL runs those concurrently with each other)."""
+    job, where = _parts(url, scorer, reference_key, image_key, options, sampling, api_key,
+                        headers, batch_size, concurrency, timeout, retries, api_key_env)
+    return AsyncGrmReward(_grouped(job, num_generations), where, name or f"grm_{scorer}")
+
+
+def _grouped(job: Job, num_generations: int | None) -> Job:
+    if num_generations is not None and (isinstance(num_generations, bool) or not isinstance(
+            num_generations, int) or num_generations < 1):
+        raise ScoringError(f"num_generations must be a whole number >= 1, not "
+                           f"{num_generations!r}")
+    return Job(job.scorer, job.reference_key, job.image_key, job.options, job.sampling,
+               grouped=True, num_generations=num_generations)

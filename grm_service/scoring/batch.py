@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
 from grm_service.fingerprint import Fingerprint, json_digest
@@ -24,13 +25,15 @@ from grm_service.scoring.models import (
     ScoreRequest,
     ScoreResponse,
 )
-from grm_service.scoring.registry import Scorer
+
+if TYPE_CHECKING:  # the registry imports the group scorers, which import this module
+    from grm_service.scoring.registry import Scorer
 
 log = logging.getLogger(__name__)
 
 # Failures of one item (InvalidRequest: the checkpoint refused what this item would send);
 # anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
-_ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
+ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
 
 
 def with_data_urls(item: ScoreItem) -> ScoreItem:
@@ -75,7 +78,7 @@ async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequ
         value = await scorer(with_data_urls(item), ctx)
         if not math.isfinite(value):
             raise ItemError(f"score {value} is not a finite number")
-    except _ITEM_FAILURES as err:
+    except ITEM_FAILURES as err:
         fp = combine(ctx.fingerprints)
         return ItemResult(id=item.id, score=None, status="error", error=str(err),
                           response=_response(ctx, item), fingerprint=fp,

@@ -37,7 +37,7 @@ class ScorerContext:
         """The assistant text for `messages`; request `sampling` overrides the scorer defaults."""
         body = {"messages": messages, **defaults, **self.sampling}
         payload, fingerprint = await self.send(CHAT_PATH, body)
-        text = _content(payload)
+        text = content(payload)
         self.responses.append(text)
         self.fingerprints.append(fingerprint)
         return text
@@ -54,7 +54,8 @@ class ScorerContext:
         return values
 
 
-def _content(payload: dict[str, Any]) -> str:
+def content(payload: dict[str, Any]) -> str:
+    """The assistant text of a chat answer; ItemError where it has none."""
     try:
         content = payload["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):

@@ -68,54 +68,77 @@ class JudgeOptions:
         if unknown:
             raise InvalidRequest(f"judge options: unknown {', '.join(unknown)}; "
                                  f"known: {', '.join(OPTIONS)}")
-        template = _text(options, "template", TEMPLATE, MAX_TEMPLATE_CHARS)
-        pattern = _text(options, "pattern", PATTERN, MAX_PATTERN_CHARS)
-        low, high = _number(options, "min", 1.0), _number(options, "max", 10.0)
-        if high <= low:
-            raise InvalidRequest(f"judge range is empty: min {low} >= max {high}")
+        template = text_option(options, "template", TEMPLATE, MAX_TEMPLATE_CHARS)
+        pattern = text_option(options, "pattern", PATTERN, MAX_PATTERN_CHARS)
+        low, high = scale(options)
         return cls(pieces=template_pieces(template), pattern=compiled(pattern), low=low,
                    high=high)
 
 
-def _text(options: dict[str, Any], name: str, default: str, limit: int) -> str:
+def scale(options: dict[str, Any], scorer: str = "judge") -> tuple[float, float]:
+    """The `min` and `max` options (default 1 and 10); InvalidRequest when the range is empty."""
+    low = number_option(options, "min", 1.0, scorer)
+    high = number_option(options, "max", 10.0, scorer)
+    if high <= low:
+        raise InvalidRequest(f"{scorer} range is empty: min {low} >= max {high}")
+    return low, high
+
+
+def text_option(options: dict[str, Any], name: str, default: str, limit: int,
+                scorer: str = "judge") -> str:
     value = options.get(name, default)
     if not isinstance(value, str):
-        raise InvalidRequest(f"judge option {name} must be a string")
+        raise InvalidRequest(f"{scorer} option {name} must be a string")
     if len(value) > limit:
-        raise InvalidRequest(f"judge option {name} is {len(value)} characters; the limit is "
+        raise InvalidRequest(f"{scorer} option {name} is {len(value)} characters; the limit is "
                              f"{limit}")
     return value
 
 
-def _number(options: dict[str, Any], name: str, default: float) -> float:
+def number_option(options: dict[str, Any], name: str, default: float,
+                  scorer: str = "judge") -> float:
     value = options.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"judge option {name} must be a finite number, not {value!r:.40}")
+        raise InvalidRequest(f"{scorer} option {name} must be a finite number, not "
+                             f"{value!r:.40}")
     return float(value)
 
 
-@functools.lru_cache(maxsize=64)
 def template_pieces(template: str) -> Pieces:
-    """The template split into literals and field names; InvalidRequest for anything else."""
+    """The judge's template split into literals and field names; InvalidRequest otherwise."""
+    return fielded_pieces(template, _FIELDS, _TEXT_FIELDS, "judge")
+
+
+@functools.lru_cache(maxsize=64)
+def fielded_pieces(template: str, fields: tuple[str, ...], text_fields: tuple[str, ...],
+                   scorer: str) -> Pieces:
+    """`template` split into literals and the names of `fields`, each of `text_fields` used at
+    most once (the rendered text is never larger than the template plus what was sent);
+    InvalidRequest for anything else."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as err:
-        raise InvalidRequest(f"judge template cannot be parsed: {err}") from None
+        raise InvalidRequest(f"{scorer} template cannot be parsed: {err}") from None
     pieces: list[tuple[str, str | None]] = []
     for literal, field, spec, conversion in parsed:
-        if field is not None and (field not in _FIELDS or spec or conversion):
+        if field is not None and (field not in fields or spec or conversion):
             shown = "{" + field + (f"!{conversion}" if conversion else "") + \
                 (f":{spec}" if spec else "") + "}"
-            raise InvalidRequest(f"judge template field {shown[:60]!r} is not accepted: only "
-                                 f"{', '.join('{' + f + '}' for f in _FIELDS)}, without format "
-                                 "specs, conversions or attribute access")
+            raise InvalidRequest(f"{scorer} template field {shown[:60]!r} is not accepted: "
+                                 f"only {', '.join('{' + f + '}' for f in fields)}, without "
+                                 "format specs, conversions or attribute access")
         pieces.append((literal, field))
-    for name in _TEXT_FIELDS:
+    for name in text_fields:
         uses = sum(field == name for _, field in pieces)
         if uses > 1:
-            raise InvalidRequest(f"judge template uses {{{name}}} {uses} times; each of "
-                                 "prompt, completion and reference may appear once")
+            raise InvalidRequest(f"{scorer} template uses {{{name}}} {uses} times; each of "
+                                 f"{', '.join(text_fields)} may appear once")
     return tuple(pieces)
+
+
+def fill(pieces: Pieces, fields: dict[str, str]) -> str:
+    """The template's pieces with their fields substituted."""
+    return "".join(literal + (fields[field] if field else "") for literal, field in pieces)
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,11 +174,11 @@ def parse_score(text: str, opts: JudgeOptions) -> float:
 
 def render(item: ScoreItem, opts: JudgeOptions) -> str:
     fields = {"prompt": item.prompt or "", "completion": item.completion or "",
-              "reference": item.reference or "", "min": _num(opts.low), "max": _num(opts.high)}
-    return "".join(literal + (fields[field] if field else "") for literal, field in opts.pieces)
+              "reference": item.reference or "", "min": num(opts.low), "max": num(opts.high)}
+    return fill(opts.pieces, fields)
 
 
-def _num(value: float) -> str:
+def num(value: float) -> str:
     return str(int(value)) if value.is_integer() else str(value)
 
 

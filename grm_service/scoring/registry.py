@@ -20,6 +20,8 @@ from typing import Any
 from grm_service.errors import ConfigError, UnknownScorer
 from grm_service.scoring import classify, judge, ocr
 from grm_service.scoring.context import ItemError, ScorerContext
+from grm_service.scoring.groups import listwise, pairwise
+from grm_service.scoring.groups.scorer import GroupScorer
 from grm_service.scoring.models import ScoreItem, ScoreRequest
 
 log = logging.getLogger(__name__)
@@ -28,13 +30,17 @@ Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
 
 BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score}
+# Scorers of whole groups (scoring/groups): a request's items are judged group by group.
+GROUP: dict[str, GroupScorer] = {"pairwise": pairwise.SCORER, "listwise": listwise.SCORER}
 # Request-level option checks of the built-ins (InvalidRequest -> 400 before any item runs);
 # a custom scorer reads its options itself.
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
+    **{name: group.check_options for name, group in GROUP.items()},
 }
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
+    **{name: group.options_schema for name, group in GROUP.items()},
 }
 
 
@@ -78,8 +84,8 @@ def guarded(name: str, fn: UserScorer) -> Scorer:
 
 
 @functools.cache
-def _registry(specs: tuple[str, ...]) -> dict[str, Scorer]:
-    scorers = dict(BUILTIN)
+def _registry(specs: tuple[str, ...]) -> dict[str, Scorer | GroupScorer]:
+    scorers: dict[str, Scorer | GroupScorer] = {**BUILTIN, **GROUP}
     for spec in specs:
         name, module, function = parse_spec(spec)
         scorers[name] = guarded(name, load(module, function))
@@ -87,7 +93,7 @@ def _registry(specs: tuple[str, ...]) -> dict[str, Scorer]:
     return scorers
 
 
-def lookup(name: str, specs: tuple[str, ...] = ()) -> Scorer:
+def lookup(name: str, specs: tuple[str, ...] = ()) -> Scorer | GroupScorer:
     scorers = _registry(specs)
     if name not in scorers:
         raise UnknownScorer(f"unknown scorer {name!r}; registered: {', '.join(sorted(scorers))}")
@@ -105,16 +111,21 @@ ITEM_CHECKS: dict[str, Callable[[list[ScoreItem], dict[str, Any]], None]] = {
 }
 
 
-def check_options(name: str, scorer: Scorer, options: dict[str, Any]) -> None:
+def builtin(name: str, scorer: Scorer | GroupScorer) -> bool:
+    """Whether `scorer` is the built-in of that name (a custom scorer may reuse the name)."""
+    return BUILTIN.get(name) is scorer or GROUP.get(name) is scorer
+
+
+def check_options(name: str, scorer: Scorer | GroupScorer, options: dict[str, Any]) -> None:
     """The built-in scorer's option check (a custom scorer may reuse a built-in's name)."""
-    if BUILTIN.get(name) is scorer:
+    if builtin(name, scorer):
         OPTION_CHECKS[name](options)
 
 
-def check_request(name: str, scorer: Scorer, req: ScoreRequest) -> None:
+def check_request(name: str, scorer: Scorer | GroupScorer, req: ScoreRequest) -> None:
     """The built-in scorer's checks of a whole request: its options, then its items."""
     check_options(name, scorer, req.options)
-    if BUILTIN.get(name) is scorer and name in ITEM_CHECKS:
+    if builtin(name, scorer) and name in ITEM_CHECKS:
         ITEM_CHECKS[name](req.items, req.options)
 
 

@@ -63,6 +63,26 @@ def test_batches_keep_input_order_and_carry_options() -> None:
                for c in flaky.calls)
 
 
+GROUPED = [{"id": f"{g}{n}", "completion": f"c{n}", "group_id": g, "group_size": 3}
+           for n in range(3) for g in "ab"] + [{"id": "loose", "completion": "c"}]
+
+
+async def test_a_groups_items_go_in_one_batch_with_their_group_fields() -> None:
+    flaky = Flaky()
+    with GrmClient("http://svc/", batch_size=4, retry=FAST,
+                   transport=httpx.MockTransport(flaky)) as client:
+        results = client.score(GROUPED, "pairwise")
+    async with AsyncGrmClient("http://svc/", batch_size=4, retry=FAST,
+                              transport=httpx.MockTransport(flaky)) as aclient:
+        aresults = await aclient.score(GROUPED, "pairwise")
+    assert [r.id for r in results] == [r.id for r in aresults] == [i["id"] for i in GROUPED]
+    sent = [[(i["id"], i.get("group_id"), i.get("group_size")) for i in call["items"]]
+            for call in flaky.calls]
+    assert sent[:2] == [[("a0", "a", 3), ("a1", "a", 3), ("a2", "a", 3)],
+                        [("b0", "b", 3), ("b1", "b", 3), ("b2", "b", 3), ("loose", None, None)]]
+    assert sent[2:] == sent[:2]
+
+
 def test_retries_on_busy_unavailable_and_connection_errors() -> None:
     flaky = Flaky(429, 503, None)
     with GrmClient("http://svc", retry=FAST, transport=httpx.MockTransport(flaky)) as client:

@@ -16,6 +16,9 @@ from grm_service.gateway.request.proxy import Gateway, forward
 from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
+from grm_service.scoring.groups.flow import Groups, check_groups, score_groups
+from grm_service.scoring.groups.scorer import GroupScorer
+from grm_service.scoring.groups.seam import Holder
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
 from grm_service.scoring.registry import check_request, lookup
 from grm_service.scoring.send import make_send, pooling_body
@@ -27,8 +30,11 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
 
-async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None) -> ScoreResponse:
-    """Request-level checks (400/413 before any item runs), then the batch."""
+async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
+                    holder: Holder | None = None) -> ScoreResponse:
+    """Request-level checks (400/413 before any item runs), then the batch. A group scorer's
+    incomplete groups go to `holder` (None: they are their items' errors); pointwise scorers
+    ignore `group_id` and `group_size`."""
     cap = gw.settings.max_score_items
     if len(req.items) > cap:
         raise TooLarge(f"{len(req.items)} items in one batch; the limit is {cap} "
@@ -39,6 +45,8 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None)
     checkpoint.check_sampling(req.sampling, gw.limits)
     checkpoint.check_shared_size("options", req.options)
     check_request(name, scorer, req)
+    if isinstance(scorer, GroupScorer):
+        check_groups(req.items, gw.settings.group_max_size)
     observe = gw.metrics.score_item_latency.labels(req.scorer).observe
     with gw.owe(len(req.items)) as debt:  # admitted, or 429 before any item runs
 
@@ -46,9 +54,16 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None)
             observe(seconds)
             debt.settle()
 
-        answer = await score_batch(req, scorer, make_send(gw, asker, _max_tokens(gw, req)),
-                                   gw.settings.score_concurrency, gw.identity.fingerprint_id,
-                                   timed)
+        send = make_send(gw, asker, _max_tokens(gw, req))
+        if isinstance(scorer, GroupScorer):
+            groups = Groups(send=send, concurrency=gw.settings.score_concurrency,
+                            service_seed=gw.path_settings.seed, holder=holder,
+                            scope=asker.key_id if asker else "",
+                            max_size=gw.settings.group_max_size)
+            answer = await score_groups(req, scorer, groups, gw.identity.fingerprint_id, timed)
+        else:
+            answer = await score_batch(req, scorer, send, gw.settings.score_concurrency,
+                                       gw.identity.fingerprint_id, timed)
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
     count(req.scorer, "ok").inc(len(answer.results) - failed)

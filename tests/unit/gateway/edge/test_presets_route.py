@@ -69,6 +69,7 @@ async def test_a_preset_is_selected_by_name_from_score_and_openrlhf(
     ("judge:\n  scorer: judge\n", "has the name of a scorer"),
     ("x:\n  scorer: nope\n", "uses scorer 'nope'"),
     ("x:\n  scorer: judge\n  options: {mni: 1}\n", "judge options: unknown mni"),
+    ("x:\n  scorer: pairwise\n  options: {strategy: swiss}\n", "strategy must be one of"),
     ("x:\n  scorer: judge\n  temperature: 0\n", "temperature"),
     ("- a\n- b\n", "must be a mapping"),
 ])
@@ -78,6 +79,27 @@ async def test_a_bad_preset_fails_start_up(
     with pytest.raises(ConfigError, match=message):
         async with serving(settings(stub, tmp_path, presets)):
             pass
+
+
+GROUP_PRESET = """
+pair-digit:
+  scorer: pairwise
+  options: {pattern: "stub-([0-9a-f])", strategy: all_pairs,
+            verdicts: {"0": 1, "1": 1, "2": 1, "3": 1, "4": 1, "5": 1, "6": 1, "7": 0, "8": 0,
+                       "9": 0, "a": 0, "b": 0, "c": 0.5, "d": 0.5, "e": 0.5, "f": 0.5}}
+"""
+
+
+async def test_a_group_scorer_preset_judges_the_group(stub: Proc, tmp_path: Path) -> None:
+    items = [{"id": str(n), "prompt": "p", "completion": f"c{n}"} for n in range(3)]
+    async with serving(settings(stub, tmp_path, GROUP_PRESET)) as (hot, _), \
+            client(hot.app) as api:
+        await received(stub.url)
+        scored = await api.post("/v1/score", json={"scorer": "pair-digit", "items": items})
+        sent = await received(stub.url)
+    assert scored.status_code == 200, scored.text
+    assert all(r["status"] == "ok" for r in scored.json()["results"]), scored.text
+    assert len(sent) == 3  # all_pairs of 3
 
 
 async def test_ocr_refuses_a_text_policy_unless_told(stub: Proc, tmp_path: Path) -> None:
