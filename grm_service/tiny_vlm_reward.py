@@ -13,7 +13,6 @@ name) with a linear `score` head of `num_labels` outputs on the last token, answ
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
 
