@@ -7,7 +7,7 @@ runner: a config whose architecture is `Qwen2VLForSequenceClassification` makes 
 name) with a linear `score` head of `num_labels` outputs on the last token, answered on
 `/classify` and `/pooling`. This builder writes exactly that: the tiny Qwen2-VL of `tiny_models`
 (same tokenizer, text part and vision tower), without its LM head, plus a seeded random
-`score.weight` of two labels named `mu` and `sigma`.
+score head (`HEAD`) of two labels named `mu` and `sigma`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from grm_service.tiny_models import INIT_RANGE, SEED, qwen2_vl_config
 
 ARCHITECTURE = "Qwen2VLForSequenceClassification"
 LABELS = ("mu", "sigma")
+# vLLM's name of the head: a converted VLM classifier keeps it on its language model, and the
+# Qwen2-VL weight mapper leaves a name of that prefix as it is.
+HEAD = "language_model.score.weight"
 
 
 def save_vlm_reward(tokenizer: Any, out: Path) -> None:
@@ -38,7 +41,7 @@ def save_vlm_reward(tokenizer: Any, out: Path) -> None:
     weights = {k: v for k, v in load_file(weights_path).items() if not k.startswith("lm_head.")}
     generator = torch.Generator().manual_seed(SEED + 1)
     hidden = config.text_config.hidden_size
-    weights["score.weight"] = torch.randn(len(LABELS), hidden, generator=generator) * INIT_RANGE
+    weights[HEAD] = torch.randn(len(LABELS), hidden, generator=generator) * INIT_RANGE
     save_file(weights, weights_path, metadata={"format": "pt"})
     _write_config(out / "config.json")
 
