@@ -34,7 +34,8 @@ def save_vlm_reward(tokenizer: Any, out: Path) -> None:
     config = qwen2_vl_config(tokenizer)
     config.dtype = "float32"
     torch.manual_seed(SEED)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    model_class: Any = Qwen2VLForConditionalGeneration  # untyped constructor
+    model = model_class(config).to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
     # The LM head goes (a classifier has none); the score head comes from its own seed.
     weights_path = out / "model.safetensors"
