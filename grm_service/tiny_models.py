@@ -9,6 +9,7 @@ on files of the Python install, so the same builder makes the same bytes everywh
   plus the preprocessor config that vLLM needs to serve images.
 * `classifier`: Qwen2ForSequenceClassification with one label, a reward model that vLLM serves
   on `/pooling` and `/classify`.
+* `vlm-reward`: the `vlm` model with a two-label score head (HPSv3's shape; `tiny_vlm_reward`).
 
 The weights use init range 0.3, so that different prompts give visibly different outputs, and are
 saved as fp32 safetensors. A folder is built in a temporary directory and renamed into place, so
@@ -33,7 +34,7 @@ from grm_service.engine_side import compat
 
 logger = logging.getLogger(__name__)
 
-ModelKind = Literal["text", "vlm", "classifier"]
+ModelKind = Literal["text", "vlm", "classifier", "vlm-reward"]
 MODEL_KINDS: tuple[ModelKind, ...] = get_args(ModelKind)
 
 # Part of the cache key: bump it whenever a change here changes the files that are built.
@@ -139,6 +140,11 @@ def build_tiny_model(kind: ModelKind, out: Path) -> None:
         _save_text_model(tokenizer, out)
     elif kind == "classifier":
         _save_classifier(tokenizer, out)
+    elif kind == "vlm-reward":
+        from grm_service.tiny_vlm_reward import save_vlm_reward
+
+        save_vlm_reward(tokenizer, out)
+        _write_json(out / "preprocessor_config.json", _preprocessor_config())
     else:
         _save_vlm(tokenizer, out)
         _write_json(out / "preprocessor_config.json", _preprocessor_config())
@@ -236,7 +242,14 @@ def _save_classifier(tokenizer: Any, out: Path) -> None:
 
 
 def _save_vlm(tokenizer: Any, out: Path) -> None:
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLForConditionalGeneration
+
+    _save_random_model(Qwen2VLForConditionalGeneration, qwen2_vl_config(tokenizer), out)
+
+
+def qwen2_vl_config(tokenizer: Any) -> Any:
+    """The tiny Qwen2-VL's config (`vlm`, and `vlm-reward`'s backbone)."""
+    from transformers import Qwen2VLConfig
 
     ids = _token_ids(tokenizer)
     text_config = {
@@ -271,8 +284,7 @@ def _save_vlm(tokenizer: Any, out: Path) -> None:
         "tie_word_embeddings": False,
         "initializer_range": INIT_RANGE,
     }
-    config = Qwen2VLConfig(**fields)
-    _save_random_model(Qwen2VLForConditionalGeneration, config, out)
+    return Qwen2VLConfig(**fields)
 
 
 def _save_random_model(model_class: Any, config: Any, out: Path) -> None:

@@ -23,7 +23,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 
 from grm_service.client import AsyncGrmClient, GrmClientError
 from grm_service.commands.local_service import ServeSpec, local_service
-from grm_service.commands.manifest import Entry, ManifestError, load_entries
+from grm_service.commands.manifest import (
+    Entry,
+    ManifestError,
+    load_entries,
+    read_prompts,
+    sidecar_role,
+    with_prompts,
+)
 from grm_service.commands.results import ResultWriter, format_of, in_input_order, read_rows
 from grm_service.config import EngineName, engine_words
 from grm_service.errors import ModelNotFound
@@ -181,7 +188,15 @@ def score_command(
     engine_args: Annotated[str | None, typer.Option(
         help="Engine args for --serve, shell words or a JSON list (default: --enforce-eager).")
     ] = None,
-    scorer: Annotated[str, typer.Option(help="Registered scorer.")] = "ocr",
+    scorer: Annotated[str, typer.Option(
+        help="Registered scorer: ocr, clip, reward_head, judge, classify or a custom one.")
+    ] = "ocr",
+    prompts: Annotated[Path | None, typer.Option(
+        help="Prompt manifest (.jsonl/.csv): rows of `id` (or `image`: the image's path in its "
+        "folder) and `prompt`, one for every image.")] = None,
+    sidecar: Annotated[str, typer.Option(
+        help="What name.txt beside name.png is: prompt | reference | auto (the prompt for "
+        "clip and reward_head, the reference otherwise).")] = "auto",
     sampling: Annotated[str | None, typer.Option(help='JSON, e.g. {"max_tokens": 256}.')] = None,
     options: Annotated[str | None, typer.Option(help="Scorer options as JSON.")] = None,
     output_format: Annotated[str | None, typer.Option("--format", help="jsonl | csv.")] = None,
@@ -210,7 +225,9 @@ def score_command(
             f"{flags[0]!r} is not an input: engine args for --serve go in one option, e.g. "
             f"--engine-args '{' '.join(flags)} ...'", param_hint="INPUTS")
     try:
-        entries = load_entries(inputs)
+        entries = load_entries(inputs, sidecar_role(sidecar, scorer))
+        if prompts is not None:
+            entries = with_prompts(entries, read_prompts(prompts))
         fmt = format_of(output, output_format)
     except (ManifestError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None

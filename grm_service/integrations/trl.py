@@ -3,6 +3,9 @@
     from grm_service.integrations.trl import grm_reward, async_grm_reward
     GRPOTrainer(..., reward_funcs=[async_grm_reward("http://127.0.0.1:8000", scorer="judge")])
 
+An image generator's reward (`grm_image_reward`, `async_grm_image_reward`) takes the same call:
+each completion is a generated image, scored against its prompt (`clip`, `reward_head`).
+
 TRL calls `fn(prompts=..., completions=..., completion_ids=..., **dataset_columns)`; prompts and
 completions are strings or chat messages. Both factories return callable class instances
 (`GrmReward`, `AsyncGrmReward`, whose `__call__` is `async def`): they pickle, as TRL 1.16's
@@ -29,7 +32,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grm_service.integrations.common import (
@@ -66,6 +69,7 @@ class Job:
     sampling: dict[str, Any] = field(default_factory=dict)
     grouped: bool = False  # give every item its prompt's group_id and group_size
     num_generations: int | None = None
+    generated_images: bool = False  # the completions are images, scored against the prompt
 
 
 def prompt_images(prompt: Any) -> list[Any]:
@@ -97,9 +101,21 @@ def images_for(columns: Mapping[str, Any], prompts: Sequence[Any], job: Job) -> 
     return [prompt_images(p) or None for p in prompts]
 
 
+def image_items(
+    prompts: Sequence[Any], completions: Sequence[Any], columns: Mapping[str, Any], job: Job,
+) -> list[ScoreItem]:
+    """An image generator's samples: each generated image (the completion, or the `image_key`
+    column) with its prompt's text, for the scorers of an image against its prompt."""
+    images = list(columns[job.image_key]) if job.image_key else list(completions)
+    return [ScoreItem(id=str(i), prompt=text_of(p), image=image_of(img))
+            for i, (p, img) in enumerate(zip(prompts, images, strict=True))]
+
+
 def to_items(
     prompts: Sequence[Any], completions: Sequence[Any], columns: Mapping[str, Any], job: Job,
 ) -> list[ScoreItem]:
+    if job.generated_images:
+        return image_items(prompts, completions, columns, job)
     n = len(completions)
     refs = columns.get(job.reference_key) or [None] * n
     images = images_for(columns, prompts, job)
@@ -281,3 +297,31 @@ def _grouped(job: Job, num_generations: int | None) -> Job:
                            f"{num_generations!r}")
     return Job(job.scorer, job.reference_key, job.image_key, job.options, job.sampling,
                grouped=True, num_generations=num_generations)
+
+
+def grm_image_reward(
+    url: str | None = None, scorer: str = "clip", *, image_key: str | None = None,
+    options: dict[str, Any] | None = None, api_key: str | None = None,
+    headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
+    name: str | None = None,
+) -> GrmReward:
+    """A synchronous TRL reward function for an image generator: each completion is a generated
+    image (a PIL image, encoded bytes or a data URL; or the `image_key` column's), scored by
+    `scorer` (`clip`, `reward_head`) against its prompt's text."""
+    job, where = _parts(url, scorer, "reference", image_key, options, None, api_key, headers,
+                        batch_size, concurrency, timeout, retries, api_key_env)
+    return GrmReward(replace(job, generated_images=True), where, name or f"grm_{scorer}")
+
+
+def async_grm_image_reward(
+    url: str | None = None, scorer: str = "clip", *, image_key: str | None = None,
+    options: dict[str, Any] | None = None, api_key: str | None = None,
+    headers: Mapping[str, str] | None = None, batch_size: int = 32, concurrency: int = 4,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, api_key_env: str = KEY_ENV,
+    name: str | None = None,
+) -> AsyncGrmReward:
+    """`grm_image_reward`, `async` (TRL runs those concurrently with each other)."""
+    job, where = _parts(url, scorer, "reference", image_key, options, None, api_key, headers,
+                        batch_size, concurrency, timeout, retries, api_key_env)
+    return AsyncGrmReward(replace(job, generated_images=True), where, name or f"grm_{scorer}")

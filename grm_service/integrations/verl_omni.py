@@ -1,4 +1,5 @@
-"""verl-omni's visual reward managers: OCR rewards for the images a policy generates.
+"""verl-omni's visual reward managers: OCR, CLIP-family and reward-head rewards for the images a
+policy generates (`compute_score_ocr`, `compute_score_clip`, `compute_score_reward_head`).
 
     reward.custom_reward_function.path=pkg://grm_service.integrations.verl_omni
     reward.custom_reward_function.name=compute_score_ocr
@@ -52,6 +53,7 @@ from grm_service.integrations.common import (
     KEY_ENV,
     RETRIES,
     TIMEOUT_S,
+    Endpoint,
     ScoringError,
     endpoint,
     no_key_in_config,
@@ -62,7 +64,8 @@ from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
 from grm_service.mime import encode_bytes, sniff_mime
 from grm_service.wire import ItemResult, ScoreItem
 
-__all__ = ["close_clients", "compute_score_ocr", "frames_of"]
+__all__ = ["close_clients", "compute_score_clip", "compute_score_ocr",
+           "compute_score_reward_head", "frames_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,3 +227,77 @@ async def compute_score_ocr(
                      extra={"data_source": str(data_source)})
     result = await batcher(where, scorer, None, params, batch_wait_s).score(item)
     return reward_info(result, error_score)
+
+
+def prompt_of(ground_truth: Any) -> str:
+    """The text an image is scored against: verl-omni's own PickScore and HPSv3 rewards read
+    the sample's `ground_truth` as the prompt (a list: its first entry), "" when it has none."""
+    answers = references(ground_truth)
+    return answers[0] if answers else ""
+
+
+async def _score_against_prompt(
+    scorer: str, solution_image: Any, ground_truth: Any, extra_info: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None, where: Endpoint, error_score: float | None, scale: float,
+    batch_wait_s: float, data_source: str,
+) -> dict[str, Any]:
+    interval = (extra_info or {}).get("frame_interval")
+    try:
+        urls = await asyncio.to_thread(data_urls, solution_image, interval)
+    except ScoringError as err:
+        return {**unreadable(err, error_score), "grm_raw": error_score}
+    item = ScoreItem(id="0", image=urls[0] if len(urls) == 1 else urls,
+                     prompt=prompt_of(ground_truth), extra={"data_source": str(data_source)})
+    result = await batcher(where, scorer, options, None, batch_wait_s).score(item)
+    info = reward_info(result, error_score)
+    if result.status == "ok" and result.score is not None:
+        info["score"] = result.score * scale
+    info["grm_raw"] = result.score if result.status == "ok" else error_score
+    return info
+
+
+async def compute_score_clip(
+    data_source: str, solution_image: Any, ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
+    scorer: str = "clip", options: Mapping[str, Any] | None = None, scale: float = 1.0,
+    error_score: float | None = None, headers: Mapping[str, str] | None = None,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, batch_size: int = 32,
+    batch_wait_s: float = WAIT_S, api_key_env: str = KEY_ENV, api_key: str | None = None,
+    reward_router_address: str | None = None, reward_model_tokenizer: Any = None,
+    model_name: str | None = None, sampling_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One generated image (or video: its frames, one item) scored by a CLIP-family model
+    (PickScore, HPSv2 shapes) against its prompt, `ground_truth` as verl-omni's own PickScore
+    reward reads it; `options` go to the `clip` scorer as they are. `score` is the service's
+    score times `scale` (verl-omni's PickScore divides by 26: `scale` 1/26 gives its range),
+    `grm_raw` the service's own. A failed item raises unless `error_score`. The
+    reward-model keywords verl-omni adds are accepted, unused: the service is `url`, and a
+    pooling model samples nothing."""
+    no_key_in_config(api_key, "verl-omni")
+    where = endpoint(url, None, headers, batch_size, timeout=timeout, retries=retries,
+                     api_key_env=api_key_env)
+    return await _score_against_prompt(scorer, solution_image, ground_truth, extra_info,
+                                       options, where, error_score, scale, batch_wait_s,
+                                       data_source)
+
+
+async def compute_score_reward_head(
+    data_source: str, solution_image: Any, ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
+    scorer: str = "reward_head", options: Mapping[str, Any] | None = None,
+    error_score: float | None = None, headers: Mapping[str, str] | None = None,
+    timeout: float = TIMEOUT_S, retries: int = RETRIES, batch_size: int = 32,
+    batch_wait_s: float = WAIT_S, api_key_env: str = KEY_ENV, api_key: str | None = None,
+    reward_router_address: str | None = None, reward_model_tokenizer: Any = None,
+    model_name: str | None = None, sampling_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One generated image or video scored by a VLM reward head (HPSv3's shape) against its
+    prompt, `ground_truth` as verl-omni's own HPSv3 reward reads it; `options` go to the
+    `reward_head` scorer (`template`, `head`, `label`, `scale`: its docstring). `score` and
+    `grm_raw` are the service's score; a failed item raises unless `error_score`."""
+    no_key_in_config(api_key, "verl-omni")
+    where = endpoint(url, None, headers, batch_size, timeout=timeout, retries=retries,
+                     api_key_env=api_key_env)
+    return await _score_against_prompt(scorer, solution_image, ground_truth, extra_info,
+                                       options, where, error_score, 1.0, batch_wait_s,
+                                       data_source)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grm_service.errors import ConfigError, UnknownScorer
-from grm_service.scoring import classify, judge, ocr
+from grm_service.scoring import classify, judge, ocr, reward_head
 from grm_service.scoring.context import ItemError, ScorerContext
 from grm_service.scoring.groups import listwise, pairwise
 from grm_service.scoring.groups.scorer import GroupScorer
@@ -29,17 +29,20 @@ log = logging.getLogger(__name__)
 Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
 
-BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score}
+BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score,
+                               "reward_head": reward_head.score}
 # Scorers of whole groups (scoring/groups): a request's items are judged group by group.
 GROUP: dict[str, GroupScorer] = {"pairwise": pairwise.SCORER, "listwise": listwise.SCORER}
 # Request-level option checks of the built-ins (InvalidRequest -> 400 before any item runs);
 # a custom scorer reads its options itself.
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
+    "reward_head": reward_head.check_options,
     **{name: group.check_options for name, group in GROUP.items()},
 }
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
+    "reward_head": reward_head.OPTIONS_SCHEMA,
     **{name: group.options_schema for name, group in GROUP.items()},
 }
 

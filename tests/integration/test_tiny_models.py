@@ -62,6 +62,7 @@ def test_folders_are_cached_by_kind_and_builder_version(
         "text": f"text-b{version}",
         "vlm": f"vlm-b{version}",
         "classifier": f"classifier-b{version}",
+        "vlm-reward": f"vlm-reward-b{version}",
     }
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(p.name for p in built.values())
     before = (built["text"] / "model.safetensors").stat().st_mtime_ns
@@ -75,6 +76,7 @@ def test_folders_are_cached_by_kind_and_builder_version(
         ("text", "Qwen2ForCausalLM"),
         ("vlm", "Qwen2VLForConditionalGeneration"),
         ("classifier", "Qwen2ForSequenceClassification"),
+        ("vlm-reward", "Qwen2VLForSequenceClassification"),
     ],
 )
 def test_config_describes_a_tiny_fp32_untied_model(
@@ -110,6 +112,23 @@ def test_classifier_is_a_single_label_reward_model(built: dict[ModelKind, Path])
     config = read_config(built["classifier"])
     assert config["id2label"] == {"0": "reward"}
     assert isinstance(config["pad_token_id"], int)
+
+
+def test_vlm_reward_is_the_vlm_with_a_mu_sigma_score_head(built: dict[ModelKind, Path]) -> None:
+    from safetensors import safe_open
+
+    from grm_service.tiny_vlm_reward import HEAD
+
+    config = read_config(built["vlm-reward"])
+    assert config["id2label"] == {"0": "mu", "1": "sigma"} and config["num_labels"] == 2
+    with safe_open(str(built["vlm-reward"] / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+        assert tuple(weights.get_slice(HEAD).get_shape()) == (2, 256)
+    with safe_open(str(built["vlm"] / "model.safetensors"), "pt") as weights:
+        vlm = set(weights.keys())
+    assert names == (vlm - {"lm_head.weight"}) | {HEAD}, "the vlm, its LM head for a score head"
+    preprocessor = (built["vlm-reward"] / "preprocessor_config.json").read_text()
+    assert preprocessor == (built["vlm"] / "preprocessor_config.json").read_text()
 
 
 def test_chat_template_renders_strings_and_parts(built: dict[ModelKind, Path]) -> None:

@@ -11,7 +11,9 @@ gateways to a few long-lived replicas instead of launching their own:
   the run;
 - `vlm`: two `grm-service backend` replicas of the tiny vision-language model ("tiny-vlm", up to
   8 images a prompt), each proving its own identity;
-- `classifier`: one `grm-service backend` replica of the tiny sequence classifier ("tiny-cls").
+- `classifier`: one `grm-service backend` replica of the tiny sequence classifier ("tiny-cls");
+- `vlm-reward`: two `grm-service backend` replicas of the tiny VLM reward head ("tiny-vlm-rm",
+  HPSv3's shape, served by vLLM's pooling runner on /classify), two for failover.
 
 Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
 parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
@@ -72,6 +74,8 @@ RECIPES = {
     "vlm": Recipe("vlm", 2, "tiny-vlm",
                   ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 8, "video": 0}')),
     "classifier": Recipe("classifier", 1, "tiny-cls", ("--enforce-eager", "--max-num-seqs", "1")),
+    "vlm-reward": Recipe("vlm-reward", 2, "tiny-vlm-rm",
+                         ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 1, "video": 0}')),
 }
 LAUNCHED = "launched-text"
 

@@ -119,3 +119,14 @@ async def trainer_score(item: ScoreItem, ctx: ScorerContext) -> float:
     if (item.completion or "").strip() in answers:
         return 1.0
     return (len(item.completion or "") % 7) / 10
+
+
+async def clip_standin_score(item: ScoreItem, ctx: ScorerContext) -> float:
+    """A STAND-IN for the `clip` scorer, for the trainer tests on STUB replicas: one request with
+    the item's image and prompt through a replica (whose stub answer is derived from the request
+    bytes), the score a fraction read from that answer, so it differs by image and by prompt."""
+    content = [{"type": "image_url", "image_url": {"url": url}} for url in item.frames()]
+    content.append({"type": "text", "text": item.prompt or ""})
+    text = await ctx.chat([{"role": "user", "content": content}], max_tokens=4)
+    return int(text.removeprefix("stub-")[:8], 16) / 2**32
+

@@ -83,3 +83,20 @@ def test_fingerprints_and_errors_go_to_trls_log_hooks() -> None:
     assert extra == {"grm_judge/grm_fingerprint": ["", ""], "grm_judge/grm_error": ["", "bad"]}
     assert metrics == {"grm_judge/grm_error_rate": 0.5}
     trl.report(results, "grm_judge", {})  # TRL's async trainer passes neither
+
+
+def test_trl_generated_images_are_scored_against_their_prompts() -> None:
+    shots = [Image.new("RGB", (8, 8), c) for c in ("white", "black")]
+    prompts = [[{"role": "user", "content": "a white square"}], "a black square"]
+    items = trl.to_items(prompts, shots, {"completion_ids": [[1], [2]]},
+                         trl.Job("clip", generated_images=True))
+    assert [(i.prompt, i.completion) for i in items] == [("a white square", None),
+                                                         ("a black square", None)]
+    assert all(isinstance(i.image, str) and i.image.startswith("data:image/png") for i in items)
+    assert items[0].image != items[1].image
+    named = trl.to_items(["p"], ["ignored text"], {"shot": [shots[0]]},
+                         trl.Job("reward_head", image_key="shot", generated_images=True))
+    assert named[0].image == items[0].image
+    reward = trl.async_grm_image_reward(url="http://x", scorer="reward_head")
+    assert reward.__name__ == "grm_reward_head" and reward.job.generated_images
+    assert pickle.loads(pickle.dumps(reward)).job == reward.job

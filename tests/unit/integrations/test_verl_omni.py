@@ -141,3 +141,23 @@ async def test_calls_at_the_same_time_go_out_as_one_batch() -> None:
     assert [len(b["items"]) for b in bodies] == [3, 2]  # full at 3, the rest after wait_s
     assert [i["id"] for i in bodies[0]["items"]] == ["0", "1", "2"]
     assert bodies[0]["sampling"] == {"max_tokens": 9}
+
+
+@pytest.mark.parametrize("function", [verl_omni.compute_score_clip,
+                                      verl_omni.compute_score_reward_head])
+async def test_image_against_prompt_adapters_take_verl_omnis_call(function: Any) -> None:
+    params = inspect.signature(function).parameters
+    assert {"data_source", "solution_image", "ground_truth", "extra_info",
+            "reward_router_address", "reward_model_tokenizer", "model_name",
+            "sampling_params", "options"} <= set(params)
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), "typos fail by name"
+    info = await function("pick", np.zeros((4,), dtype=np.uint8), "a fox", {},
+                          url="http://127.0.0.1:9", error_score=-1.0)
+    assert info == {"score": -1.0, "genrm_response": "", "grm_fingerprint": "",
+                    "grm_error": 1.0, "grm_raw": -1.0}
+
+
+def test_the_prompt_is_ground_truth_as_verl_omni_reads_it() -> None:
+    assert verl_omni.prompt_of("a fox") == "a fox"
+    assert verl_omni.prompt_of(np.array(["a fox", "a dog"])) == "a fox"
+    assert verl_omni.prompt_of(None) == ""

@@ -30,6 +30,7 @@ async def test_a_served_replica_is_ready_and_named_in_the_identity(stub: Proc,
     assert identity["identity"] == "unverified" and identity["model"] == "rm"
     assert identity["replicas"] == {"r0": identity["fingerprint_id"]}
     assert caps["batch_invariant"] is False and "unverified" in caps["note"]
+    assert caps["pooling_invariant"] is False and "serialized" in caps["pooling_note"]
     assert (caps["serialize"], caps["routing"]) == (settings.serialize, settings.routing)
     # One unverified replica serves one request at a time; 32 score items admitted per slot.
     assert (caps["slots"], caps["score_items_admitted"], caps["score_max_tokens"]) == (1, 32,
@@ -54,3 +55,4 @@ async def test_without_a_replica_ready_is_503_and_the_identity_pending(tmp_path:
     assert inside.json()["replicas"][0]["state"] != "ready"
     assert refused.status_code == 401
     assert identity["fingerprint_id"] == "pending" and identity["unknown"] == ["everything"]
+

@@ -1,6 +1,6 @@
 """Stand-in for verl-omni's `MultiVisualRewardManager`: the entries of `reward.reward_functions`,
 each loaded from its `path` and `name`, called with the keywords its signature declares (its
-entry's other keys included), weighted and summed."""
+entry's other keys included), weighted and summed in the entries' order."""
 
 from __future__ import annotations
 
@@ -30,6 +30,17 @@ def declared(kwargs: dict[str, Any], function: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def required_of(value: Any) -> bool:
+    """An entry's `required`: a bool, or the text "true"/"false" as a command line gives it."""
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"Invalid required value: {value!r}")
+        return value.lower() == "true"
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"required must be a boolean, got {type(value).__name__}")
+
+
 class MultiVisualRewardManager(VisualRewardManager):
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any,
                  reward_router_address: str | None = None,
@@ -41,10 +52,13 @@ class MultiVisualRewardManager(VisualRewardManager):
             raise ValueError("MultiVisualRewardManager requires non-empty reward.reward_functions")
         self.entries = [
             (key, load_extern_object(entry["path"], entry["name"]),
-             float(entry.get("weight", 1.0)), bool(entry.get("required", False)),
+             float(entry.get("weight", 1.0)), required_of(entry.get("required", False)),
              {k: v for k, v in entry.items() if k not in RESERVED})
             for key, entry in entries.items()
         ]
+        total = sum(weight for _, _, weight, _, _ in self.entries)
+        if total <= 0:
+            raise ValueError(f"Total weight of reward functions must be > 0, got {total}")
 
     async def one(self, function: Any, kwargs: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(function):

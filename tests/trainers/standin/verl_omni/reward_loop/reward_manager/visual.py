@@ -18,6 +18,9 @@ def sample_kwargs(data: DataProto) -> dict[str, Any]:
     if item.batch["responses"].dtype != torch.uint8:  # verl-omni's check of an image rollout
         raise ValueError(f"Expected uint8 pixel responses, got {item.batch['responses'].dtype}.")
     extra_info = item.non_tensor_batch.get("extra_info", {})
+    tool_extra_fields = item.non_tensor_batch.get("tool_extra_fields", None)
+    if tool_extra_fields is not None:
+        extra_info.update(tool_extra_fields.items())
     extra_info["num_turns"] = item.non_tensor_batch.get("__num_turns__", None)
     extra_info["rollout_reward_scores"] = item.non_tensor_batch.get("reward_scores", {})
     return {"data_source": item.non_tensor_batch["data_source"],
