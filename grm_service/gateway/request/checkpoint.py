@@ -196,7 +196,7 @@ def _response_parts(where: str, parts: list[Any], limits: Limits) -> list[str]:
     inline = []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _RESPONSES_TEXT:
+        if isinstance(kind, str) and kind in _RESPONSES_TEXT:
             continue
         if kind != "input_image":
             raise FieldNotAllowed(f"{where}[{j}]: part type {_short(kind)} is not accepted; "
