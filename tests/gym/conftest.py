@@ -9,6 +9,7 @@ the same client on the tiny model is tests/integration/test_gym_engine.py.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Iterator
 
@@ -39,3 +40,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, lis
 @pytest.fixture(scope="session")
 def gateway(served: tuple[Proc, list[Proc]]) -> Proc:
     return served[0]
+
+
+@pytest.fixture(scope="session")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for every Gym call of the run: Gym's client is one aiohttp session per
+    process (`server_utils.set_global_aiohttp_client`), bound to the loop that made it."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

@@ -28,13 +28,14 @@ ROWS = [
 ]
 
 
-def run(url: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run(loop: asyncio.AbstractEventLoop, url: str,
+        rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # A bound on Gym's client, which retries a failed connection without end.
     async def bounded() -> list[dict[str, Any]]:
         async with asyncio.timeout(120):
             return await collect(url, "rm", rows)
 
-    return asyncio.run(bounded())
+    return loop.run_until_complete(bounded())
 
 
 def judged(answers: list[dict[str, Any]]) -> str:
@@ -45,13 +46,14 @@ def judged(answers: list[dict[str, Any]]) -> str:
 
 
 def test_gyms_rollouts_get_rewards_and_fingerprints_from_verify(
-    served: tuple[Proc, list[Proc]]
+    served: tuple[Proc, list[Proc]], loop: asyncio.AbstractEventLoop
 ) -> None:
     gateway, stubs = served
     received(stubs, clear=True)
-    first = run(gateway.url, ROWS)
-    sent = received(stubs, clear=True)
-    second = run(gateway.url, list(reversed(ROWS)))[::-1]
+    first = run(loop, gateway.url, ROWS)
+    sent = received(stubs)
+    received(stubs, clear=True)
+    second = run(loop, gateway.url, list(reversed(ROWS)))[::-1]
     assert judged(first) == judged(second), "a second run gives the same rewards, bit for bit"
     for row, answer in zip(ROWS, first, strict=True):
         # Gym's BaseVerifyResponse: the request as sent, the reward, and (kept by the agent's
@@ -67,7 +69,9 @@ def test_gyms_rollouts_get_rewards_and_fingerprints_from_verify(
     assert sorted(s["path"] for s in sent) == ["/v1/chat/completions"] * 3 + ["/v1/responses"] * 3
 
 
-def test_a_judge_of_gym_calls_its_model_server_over_responses(gateway: Proc) -> None:
+def test_a_judge_of_gym_calls_its_model_server_over_responses(
+    gateway: Proc, loop: asyncio.AbstractEventLoop
+) -> None:
     """Gym's LLM judges (`equivalence_llm_judge`) post their params to their judge model server's
     `/v1/responses` and read a `NeMoGymResponse`: the service is that server."""
     params = NeMoGymResponseCreateParamsNonStreaming(
@@ -81,7 +85,7 @@ def test_a_judge_of_gym_calls_its_model_server_over_responses(gateway: Proc) -> 
             return (NeMoGymResponse.model_validate(await get_response_json(answer)),
                     dict(answer.headers))
 
-    judged, headers = asyncio.run(judge())
+    judged, headers = loop.run_until_complete(judge())
     assert judged.output[0].content[0].text.startswith("stub-")
     assert headers["x-grm-seed"] == "42" and headers["x-grm-fingerprint"].startswith("grm-")
 
@@ -92,7 +96,8 @@ def test_a_judge_of_gym_calls_its_model_server_over_responses(gateway: Proc) -> 
     ({"group_id": "g"}, 400, "a group needs both group_id and group_size"),
 ])
 def test_bad_verify_requests_are_refused_naming_the_field(
-    gateway: Proc, change: dict[str, Any], status: int, says: str
+    gateway: Proc, loop: asyncio.AbstractEventLoop, change: dict[str, Any], status: int,
+    says: str
 ) -> None:
     """Built with Gym's own request model, then spoiled where Gym's model lets it be."""
     asked = BaseVerifyRequest.model_validate({
@@ -107,5 +112,5 @@ def test_bad_verify_requests_are_refused_naming_the_field(
                                        json={**asked.model_dump(), **ROWS[0], **change})
             return answer.status, (await answer.read()).decode()
 
-    got, text = asyncio.run(verify())
+    got, text = loop.run_until_complete(verify())
     assert got == status and says in text, text
