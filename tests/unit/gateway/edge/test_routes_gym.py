@@ -114,6 +114,9 @@ async def test_responses_are_seeded_bounded_and_fingerprinted_like_chat(
     assert one["grm_fingerprint"]["request_digest"] == two["grm_fingerprint"]["request_digest"]
     assert first.headers["x-grm-fingerprint"] == one["grm_fingerprint"]["fingerprint_id"]
     assert own.json()["grm_fingerprint"]["seed"] == 5
+    # Another body, another text (the STUB's is drawn from the body): another output digest.
+    assert own.json()["grm_fingerprint"]["response_digest"] != (
+        one["grm_fingerprint"]["response_digest"])
 
 
 @pytest.mark.parametrize(("extra", "status", "says"), [
