@@ -162,6 +162,18 @@ class Settings(BaseSettings):
         "Retry-After before any item runs. An accepted batch's items wait for a slot as long "
         "as it takes (never GRM_QUEUE_TIMEOUT_S).",
     )
+    verify_scorer: str = Field(
+        "judge", min_length=1, description="The scorer (or preset) behind NeMo Gym's "
+        "`POST /verify` (docs/nemo-gym.md).",
+    )
+    verify_reference_field: str = Field(
+        "expected_answer", min_length=1, description="The top-level field of a /verify "
+        "request read as the item's reference (Gym's datasets carry `expected_answer`).",
+    )
+    verify_group_size: int | None = Field(
+        None, ge=1, description="/verify: items of one Gym task (`_ng_task_index`) form a group "
+        "of this size (Gym's num_repeats) where the request names no `group_size`.",
+    )
     score_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens of a scorer's requests where the batch's sampling "
         "sets none, if below the scorer's own (OCR 4096, judge 512); unset: the engine's "
@@ -317,7 +329,8 @@ class Settings(BaseSettings):
         "answers or grows the gateway."
     )
     ledger_cache_chat: bool = Field(
-        False, description="Answer a repeated /v1/chat/completions from the ledger."
+        False, description="Answer a repeated /v1/chat/completions or /v1/responses from the "
+        "ledger."
     )
     ledger_cache_score: bool = Field(
         True, description="Answer a repeated /v1/score item from the ledger."

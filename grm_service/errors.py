@@ -23,7 +23,8 @@
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     │   └── EdgeFull              503  the edge's bounds: open connections, request bytes in flight
     ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
-    │   └── ResponseTooLarge      502  a replica's answer is over GRM_MAX_RESPONSE_BYTES
+    │   ├── ResponseTooLarge      502  a replica's answer is over GRM_MAX_RESPONSE_BYTES
+    │   └── NoReward              502  `/verify`: the scorer gave a rollout no reward (its reason)
     ├── BackendRejected           4xx  the engine refused the request; its status and message kept
     ├── LedgerUnavailable         503  the ledger's store failed (full disk, database gone):
     │   │                              counted and logged, never an answer's failure (only
@@ -167,6 +168,12 @@ class ResponseTooLarge(BackendFailed):
     """Not retried: the same request gets the same answer, as large, from any replica."""
 
     code = "response_too_large"
+
+
+class NoReward(BackendFailed):
+    """A Gym rollout the scorer could not score: an error, never a reward of 0."""
+
+    code = "no_reward"
 
 
 class BackendRejected(GrmError):

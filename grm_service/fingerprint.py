@@ -135,10 +135,14 @@ def system_fingerprint(model_hash_value: str, env_digest_value: str) -> str:
 
 def produced(payload: Mapping[str, Any]) -> Any:
     """What the model produced: each choice's content and logprobs, or, for a pooling/classify
-    answer (no choices), its `data`. Everything else of an answer (its id, its time) may differ
-    between two computations of the same request."""
-    if "choices" not in payload and "data" in payload:
-        return payload["data"]
+    answer (no choices), its `data`, or, for a Responses API answer, its output items without
+    their ids. Everything else of an answer (its id, its time) may differ between two
+    computations of the same request."""
+    if "choices" not in payload:
+        if "data" in payload:
+            return payload["data"]
+        if isinstance(payload.get("output"), list):
+            return [_without_id(item) for item in payload["output"]]
     choices = payload.get("choices") or []
     return [
         {
@@ -157,6 +161,13 @@ def response_digest(payload: Mapping[str, Any], decoded: bool = False) -> str:
     fingerprint, the canaries and `verify` all compare this one. `decoded`: msgspec's JSON
     decoder built `payload` (`canonical.canonical_value`)."""
     return digest(canonical_value(produced(payload), decoded))
+
+
+def _without_id(item: Any) -> Any:
+    """A Responses output item as produced: its `id` is drawn at random per answer."""
+    if not isinstance(item, dict):
+        return item
+    return {key: value for key, value in item.items() if key != "id"}
 
 
 class Fingerprint(BaseModel):

@@ -21,6 +21,7 @@ from grm_service.errors import GrmError, MethodNotAllowed, UnknownRoute
 from grm_service.gateway.edge import (
     routes_admin,
     routes_engines,
+    routes_gym,
     routes_integrations,
     routes_ledger,
     routes_openai,
@@ -120,7 +121,8 @@ def _lifespan(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A bad --scorers entry fails start-up rather than the first request.
-        log.info("scorers: %s", ", ".join(scorer_names(settings)))
+        log.info("scorers: %s", ", ".join(routes_gym.check_scorer(settings,
+                                                                 scorer_names(settings))))
         probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
         identity = ServiceIdentity(settings, metrics)  # the one holder of this process
         side, close_side = _replica_side(settings, worker, metrics, identity, probes)
@@ -214,6 +216,7 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.include_router(routes_openai.router)
     app.include_router(routes_score.router)
     app.include_router(routes_integrations.router)
+    app.include_router(routes_gym.router)
     app.include_router(routes_ledger.router)
     _with_score_schema(app, settings)
     return HotPath(app, service)

@@ -43,6 +43,8 @@ _RECORD_BYTES = 2048
 _TEXTS = 4096
 SCORE_ROUTE = "/v1/score"
 CHAT_ROUTE = "/v1/chat/completions"
+# Generation routes, answered from the ledger where GRM_LEDGER_CACHE_CHAT says so.
+CHAT_ROUTES = frozenset({CHAT_ROUTE, "/v1/responses"})
 
 
 class Ledger:
@@ -88,7 +90,7 @@ class Ledger:
             return False
         if origin.route == SCORE_ROUTE:
             return self._cache_score
-        return origin.route == CHAT_ROUTE and self._cache_chat
+        return origin.route in CHAT_ROUTES and self._cache_chat
 
     async def answer(self, path: str, raw: Sequence[bytes | memoryview], request_digest: str,
                      origin: Origin, expected_id: Callable[[], str | None], compute: Compute[A],

@@ -1,9 +1,10 @@
 """STUB OpenAI-compatible backend: for testing and benchmarking the gateway itself.
 
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
-bytes (so routing and fingerprint code see distinct, repeatable outputs), `/classify` with fixed
-probabilities, and it can inject faults: a fixed delay, 500s, or garbage (`--garbage
-html|json|hang`: every route answers a 200 HTML page, a 200 of broken JSON, or never answers,
+bytes (so routing and fingerprint code see distinct, repeatable outputs), `/v1/responses` with
+the same text (its ids new each time, as an engine's), `/classify` with fixed probabilities,
+and it can inject faults: a fixed delay, 500s, or garbage (`--garbage html|json|hang`: every
+route answers a 200 HTML page, a 200 of broken JSON, or never answers,
 writing `hang: holding <method> <path>` to stderr; SIGTERM ends it within a second).
 With `--record N` it keeps the last N bodies it was sent (`GET /stub/received`, `DELETE
 /stub/received` to clear), so a test can assert what reached an engine, or that nothing did;
@@ -46,6 +47,23 @@ def completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any]
     }
 
 
+def response(body: dict[str, Any], raw: bytes, answered: int) -> dict[str, Any]:
+    """The Responses API answer to the body `raw`: the chat answer's text, its ids drawn anew
+    for every answer (`answered`: how many came before), as vLLM's are."""
+    text = "stub-" + hashlib.sha256(raw).hexdigest()[:16]
+    return {
+        "id": f"resp_stub{answered}", "object": "response", "created_at": time.time(),
+        "model": body.get("model", "stub"), "status": "completed",
+        "output": [{"id": f"msg_stub{answered}", "type": "message", "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
 CLASSIFY_ANSWER = {"object": "list", "data": [{"index": 0, "probs": [0.25, 0.75]}]}
 
 GARBAGE = {"html": (b"<html><body>It works!</body></html>", "text/html"),
@@ -68,7 +86,7 @@ def garbage_app(kind: str) -> Starlette:
 def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str = "rm",
               version: str = "stub", record: int = 0, pad: int = 0) -> Starlette:
     received: deque[dict[str, Any]] = deque(maxlen=record or 1)
-    held = {"now": 0, "most": 0}
+    held = {"now": 0, "most": 0, "answered": 0}
     passing = asyncio.Event()  # cleared by POST /stub/hold, set by POST /stub/release
     passing.set()
 
@@ -93,6 +111,12 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         if fail:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
         return JSONResponse(completion(json.loads(raw), raw, pad))
+
+    async def responses(request: Request) -> JSONResponse:
+        raw = await request.body()
+        keep("/v1/responses", raw)
+        held["answered"] += 1
+        return JSONResponse(response(json.loads(raw), raw, held["answered"]))
 
     async def classify(request: Request) -> JSONResponse:
         raw = await request.body()
@@ -134,6 +158,7 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
         Route("/health", health), Route("/version", engine_version), Route("/metrics", metrics),
         Route("/v1/models", models),
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/classify", classify, methods=["POST"]),
         Route("/stub/received", seen, methods=["GET", "DELETE"]),
         Route("/stub/overlap", overlap, methods=["GET", "DELETE"]),

@@ -65,7 +65,10 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gateway_and_stubs(tmp: Path, stub_pair: list[Proc]) -> Iterator[tuple[Proc, list[Proc]]]:
     # The test asserts which bodies reached an engine: a repeat answered from the ledger (a
     # retried run sends the same cases again) would not.
-    with gateway_on_stubs(tmp, shared=stub_pair, env=COMPUTE_REPEATS) as pair:
+    # /verify by the classify scorer, which the STUB answers: a judge would fail every rollout
+    # (a 502, `no_reward`), and the fuzzing budget would not reach past it.
+    env = {**COMPUTE_REPEATS, "GRM_VERIFY_SCORER": "classify"}
+    with gateway_on_stubs(tmp, shared=stub_pair, env=env) as pair:
         yield pair
 
 

@@ -9,8 +9,9 @@ from starlette.responses import Response
 
 from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
 from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
-from grm_service.gateway.edge.schemas import ChatCompletionRequest
-from grm_service.gateway.request.proxy import Gateway, forward, prepare
+from grm_service.gateway.edge.schemas import ChatCompletionRequest, ResponsesRequest
+from grm_service.gateway.request.checkpoint import RESPONSES_PATH
+from grm_service.gateway.request.proxy import RESPONSES_TOKENS, Gateway, forward, prepare
 from grm_service.ledger.records import Origin
 
 router = APIRouter()
@@ -25,6 +26,18 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinD
                            asker: OriginDep) -> Response:
     body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.path_settings)
     forwarded = await forward(gw, "/v1/chat/completions", body, pin, origin=asker)
+    return ReplyResponse(answer_reply(forwarded))
+
+
+@router.post("/v1/responses")
+async def responses(req: ResponsesRequest, gw: GatewayDep, pin: PinDep,
+                    asker: OriginDep) -> Response:
+    """The engine's Responses API (NeMo Gym's model servers speak it), seeded, bounded,
+    routed, recorded and fingerprinted like chat; its stored state is refused
+    (`checkpoint.RESPONSES_DENIED`)."""
+    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.path_settings,
+                   RESPONSES_TOKENS)
+    forwarded = await forward(gw, RESPONSES_PATH, body, pin, origin=asker)
     return ReplyResponse(answer_reply(forwarded))
 
 

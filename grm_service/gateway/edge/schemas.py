@@ -31,3 +31,18 @@ class ClassifyRequest(BaseModel):
     """vLLM's /classify body: any JSON object, forwarded with the served model filled in."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class ResponsesRequest(BaseModel):
+    """The Responses API's create request; unknown fields are kept and forwarded untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    seed: Any = Field(None, description=f"An integer in [0, {_INT64}] (else 400).")
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    stream: bool | None = None

@@ -9,12 +9,14 @@ audit's re-runs and any faster forwarding path all call this one function and re
 canary is not checked: it builds its own bodies. `scan` + `check_images` are the same check in
 two halves, for a caller that wants the image bytes checked off its event loop.
 
-What passes, for `/v1/chat/completions` and `/classify` bodies:
+What passes, for `/v1/chat/completions`, `/v1/responses` and `/classify` bodies:
 - **top-level fields**: anything but `DENIED` (fields that make the engine run client code or
   reach outside the request); `seed` an integer in [0, 2**63-1] (what the engine accepts; a
   float or a bool would be forwarded as-is while the fingerprint claimed an integer);
-  `n`, `best_of` <= `max_n` and `max_tokens`, `max_completion_tokens`, `min_tokens` <=
-  `max_tokens`, each an integer.
+  `n`, `best_of` <= `max_n` and `max_tokens`, `max_completion_tokens`, `min_tokens`,
+  `max_output_tokens` <= `max_tokens`, each an integer.
+- **the Responses API's state** (`RESPONSES_DENIED`): none; its `input` items' parts are typed
+  by `type`: text kinds pass, `input_image` is checked as below, nothing else passes.
 - **content parts**, by allow-list: `text` ({type, text}), `image_url` ({type, image_url: {url,
   detail?}}) and `input_image` ({type, image_url: url, detail?}); no other part type and no
   other key (vLLM infers a part's type from its keys, and keys such as `uuid` steer its cache).
@@ -64,11 +66,20 @@ from grm_service.mime import is_data_url
 
 SEED_MAX = 2**63 - 1
 CHAT_PATH = "/v1/chat/completions"
-FORWARDED_PATHS = frozenset({CHAT_PATH, "/classify", "/pooling"})
+RESPONSES_PATH = "/v1/responses"
+FORWARDED_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH, "/classify", "/pooling"})
 DENIED = {
     "chat_template": "a client-supplied chat template runs in the engine",
     "logits_processors": "it loads code into the engine",
     "kv_transfer_params": "it reaches other engines' caches",
+}
+# The Responses API's state lives in one replica's memory: an answer built on it would depend on
+# which replica kept what, not on the request.
+RESPONSES_DENIED = {
+    "previous_response_id": "a stored response lives on one replica; send the whole "
+                            "conversation in `input`",
+    "conversation": "a stored conversation lives on one replica; send it in `input`",
+    "background": "an answer is given in full, with its fingerprint, or not at all",
 }
 SAMPLING_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens",
@@ -82,8 +93,12 @@ _PART_KEYS = {"text": {"type", "text"}, "image_url": {"type", "image_url"},
               "input_image": {"type", "image_url", "detail"}}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _UNSAFE = re.compile(r"[\x00-\x20\x7f\\]")
+# The Responses API's parts are typed by `type` alone: text kinds pass, an image is checked like
+# chat's, anything else (files, audio) is refused.
+_RESPONSES_TEXT = frozenset({"input_text", "output_text", "reasoning_text", "summary_text",
+                             "refusal"})
 _COUNT_CAPS = ("n", "best_of")
-_TOKEN_CAPS = ("max_tokens", "max_completion_tokens", "min_tokens")
+_TOKEN_CAPS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,8 @@ def scan(path: str, body: Mapping[str, Any], limits: Limits) -> list[str]:
     if path not in FORWARDED_PATHS:
         raise InvalidRequest(f"{path} is not a path the gateway forwards")
     check_options(body, limits)
+    if path == RESPONSES_PATH:
+        return _responses_images(body, limits)
     messages = body.get("messages")
     if messages is None:
         return []
@@ -150,6 +167,45 @@ def scan(path: str, body: Mapping[str, Any], limits: Limits) -> list[str]:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             inline += _content_images(f"messages[{i}]", content, limits)
+    return inline
+
+
+def _responses_images(body: Mapping[str, Any], limits: Limits) -> list[str]:
+    """A Responses API body's denied fields and its input's images (data URLs returned)."""
+    if not RESPONSES_DENIED.keys().isdisjoint(body):
+        reasons = "; ".join(f"{name}: {RESPONSES_DENIED[name]}"
+                            for name in sorted(RESPONSES_DENIED) if name in body)
+        raise FieldNotAllowed(f"field(s) not accepted: {reasons}")
+    given = body.get("input")
+    if given is None or isinstance(given, str):
+        return []
+    if not isinstance(given, list):
+        raise InvalidRequest("input must be a string or a list of input items")
+    inline: list[str] = []
+    for i, item in enumerate(given):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"input[{i}] must be an object")
+        for key in ("content", "output"):  # a message's parts; a tool output's, as parts
+            parts = item.get(key)
+            if isinstance(parts, list):
+                inline += _response_parts(f"input[{i}].{key}", parts, limits)
+    return inline
+
+
+def _response_parts(where: str, parts: list[Any], limits: Limits) -> list[str]:
+    inline = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind in _RESPONSES_TEXT:
+            continue
+        if kind != "input_image":
+            raise FieldNotAllowed(f"{where}[{j}]: part type {_short(kind)} is not accepted; "
+                                  f"accepted: input_image, {', '.join(sorted(_RESPONSES_TEXT))}")
+        url = _part_url(f"{where}[{j}]", part)
+        if url is not None and is_data_url(url):
+            inline.append(url)
+        elif url is not None:
+            check_remote_url(url, limits.allowlist)
     return inline
 
 

@@ -70,6 +70,11 @@ class _Retryable(Exception):
         self.detail = detail or summary
 
 
+# grm_tokens_total's kinds, by the usage keys of chat and of the Responses API.
+_USAGE = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+          ("prompt", "input_tokens"), ("completion", "output_tokens"))
+
+
 @dataclass(frozen=True, slots=True)
 class PathSettings:
     """The settings every request reads, as plain attributes: each attribute read on a pydantic
@@ -182,7 +187,7 @@ class Gateway:
         usage = payload.get("usage")
         if not isinstance(usage, dict):
             return
-        for kind, key in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+        for kind, key in _USAGE:
             count = usage.get(key)
             if isinstance(count, int) and count > 0:
                 counter = self._tokens.get(kind)
@@ -197,8 +202,15 @@ class Gateway:
         return gauge
 
 
-def prepare(body: dict[str, Any], settings: PathSettings) -> dict[str, Any]:
-    """The body the replica will see: client values kept, seed/max_tokens/model filled in."""
+# The fields that bound an answer's length, the first of them filled in where none is set.
+CHAT_TOKENS = ("max_tokens", "max_completion_tokens")
+RESPONSES_TOKENS = ("max_output_tokens",)
+
+
+def prepare(body: dict[str, Any], settings: PathSettings,
+            tokens: tuple[str, ...] = CHAT_TOKENS) -> dict[str, Any]:
+    """The body the replica will see: client values kept, seed/max_tokens/model filled in
+    (`tokens`: the path's length fields, `RESPONSES_TOKENS` for the Responses API)."""
     if body.get("stream"):
         raise StreamingUnsupported(
             "stream=true is not supported: a fingerprint covers the whole response; "
@@ -211,8 +223,11 @@ def prepare(body: dict[str, Any], settings: PathSettings) -> dict[str, Any]:
         raise UnknownModel(f"model {model!r} is not served here; use {settings.model_name!r}")
     if prepared.get("seed") is None:
         prepared["seed"] = settings.seed
-    if prepared.get("max_tokens") is None and prepared.get("max_completion_tokens") is None:
-        prepared["max_tokens"] = settings.max_tokens_default
+    for name in tokens:  # a loop, not all(...): no generator per request
+        if prepared.get(name) is not None:
+            break
+    else:
+        prepared[tokens[0]] = settings.max_tokens_default
     return prepared
 
 
