@@ -207,7 +207,7 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.add_exception_handler(GrmError, _grm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(Guards, settings=settings)
+    app.add_middleware(Guards, settings=settings, admission=service.admission)
     app.add_middleware(MetricsMiddleware, requests=service.requests)
     app.include_router(routes_admin.router)
     app.include_router(routes_engines.router)
@@ -216,7 +216,8 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.include_router(routes_integrations.router)
     app.include_router(routes_ledger.router)
     _with_score_schema(app, settings)
-    return HotPath(app, service)
+    hot = app.state.hot = HotPath(app, service)  # the hot routes' one door (routes call it)
+    return hot
 
 
 def scorer_names(settings: Settings) -> list[str]:

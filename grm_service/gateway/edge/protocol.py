@@ -10,12 +10,12 @@ body (an image) is read by the transport straight into one buffer (`_BodyReader`
 three times on its way through uvloop, the parser and a join.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
-no `Expect: 100-continue`, no earlier request of the connection still in flight, a request
-`HotPath.admit` takes (key, content type, size, no repeated header), an app that is the
-`HotPath` itself (no uvicorn middleware around it, as with proxy headers) and no access log.
-Anything else goes through uvicorn unchanged. A body `HotPath.serve` leaves to FastAPI gets a
-uvicorn cycle of its own, body included. Pipelined requests behind a hot one wait in uvicorn's
-own pipeline queue (the exchange stands in as the in-flight cycle).
+no `Expect: 100-continue`, no earlier request of the connection still in flight, an app that is
+the `HotPath` itself (no uvicorn middleware around it, as with proxy headers) and no access log.
+Anything else goes through uvicorn unchanged, to the same `HotPath.serve` through its ASGI
+adapter. `serve` answers every request it is given, refusals included: nothing goes back from
+the exchange into uvicorn's cycle. Pipelined requests behind a hot one wait in uvicorn's own
+pipeline queue (the exchange stands in as the in-flight cycle).
 
 Both classes lean on uvicorn's private protocol: `protocol_check.py` checks what they use at
 start-up and falls back (pyproject bounds uvicorn's version).
@@ -27,25 +27,23 @@ import asyncio
 import ctypes
 import logging
 import math
-from typing import Any, cast
 
 import httptools
-from uvicorn._types import ASGI3Application, HTTPScope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grm_service.errors import BadHeader, EdgeFull, RequestTimeout
 from grm_service.gateway.edge.head import RequestHead
-from grm_service.gateway.edge.hotpath import ADMITTED, CHAT, CLASSIFY, HEAD, HotPath
+from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HEAD, HotPath
 from grm_service.gateway.edge.limits import EdgeLimits
 from grm_service.gateway.edge.replies import Reply, error_reply, header_lines, wire
-from grm_service.gateway.request.proxy import Gateway
 
 log = logging.getLogger(__name__)
 
-_HOT_URLS = frozenset({CHAT.encode(), CLASSIFY.encode()})
+_CHAT_URL = CHAT.encode()
+_HOT_URLS = frozenset({_CHAT_URL, CLASSIFY.encode()})
 _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 # Phases of the request a connection is in; the deadline of each is in limits.py.
-_IDLE, _HEADERS, _BODY, _BUSY, _DRAIN = range(5)
+_IDLE, _HEADERS, _BODY, _BUSY, _DRAIN, _LINGER = range(6)
 # A hot body with at least this much still to come after the read that ended its headers is
 # read by the transport straight into one buffer (`_BodyReader`); a smaller rest goes through
 # the parser, whose copies of it cost less than switching the connection's protocol.
@@ -63,6 +61,7 @@ class EdgeProtocol(HttpToolsProtocol):
     _phase = _IDLE
     _refused = False
     _chunked = False
+    _unread = 0  # while lingering: the bytes it may still read and drop
     _defaults: list[tuple[bytes, bytes]] | None = None
     _default_lines = b""
 
@@ -84,7 +83,8 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def expire(self) -> None:
-        """Past the deadline of the phase: a 408 while a request is being read, else a close."""
+        """Past the deadline of the phase: a 408 while a request is being read, else a close
+        (a lingering one's too)."""
         if self._phase in (_HEADERS, _BODY):
             self._refuse(error_reply(RequestTimeout(
                 "the request did not arrive in time (headers: "
@@ -92,16 +92,35 @@ class EdgeProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()
 
-    def _refuse(self, answer: Reply) -> None:
+    def _refuse(self, answer: Reply, linger: bool = False) -> None:
+        """Answer and close; `linger`: the body may still be on its way (limits.py says why
+        the close then lingers)."""
         self._refused = True
-        if not self.transport.is_closing():
-            self.transport.write(wire(answer, self.default_lines(), keep_alive=False))
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(wire(answer, self.default_lines(), keep_alive=False))
+        if not linger or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the client reads the answer, then the end
+        limits = self.limits
+        self._unread = limits.linger_bytes
+        self._phase, self.deadline = _LINGER, limits.now + limits.linger_s
+        self.flow.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase != _LINGER:
+            super().data_received(data)
+            return
+        self._unread -= len(data)  # dropped unparsed
+        if self._unread < 0:
             self.transport.close()
 
-    def _refuse_busy(self, reason: str, message: str) -> None:
+    def _refuse_busy(self, reason: str, message: str, linger: bool = False) -> None:
         """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
         self.limits.refusals.note(reason, 503, message)
-        self._refuse(error_reply(EdgeFull(message, retry_after=1)))
+        self._refuse(error_reply(EdgeFull(message, retry_after=1)), linger)
 
     def default_lines(self) -> bytes:
         """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
@@ -137,12 +156,12 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.parser.should_upgrade():
             self._refuse(error_reply(BadHeader("Upgrade is not supported here: send the "
                                                "request without 'Upgrade' and 'Connection: "
-                                               "upgrade'")))
+                                               "upgrade'")), linger=True)
         elif size > limits.budget - limits.in_flight:
             self._refuse_busy("bytes_in_flight", f"{limits.in_flight} request bytes in flight "
                               f"and this body's {size} would pass GRM_MAX_BYTES_IN_FLIGHT="
                               f"{limits.budget}: retry later; raise GRM_MAX_BYTES_IN_FLIGHT or "
-                              "send smaller bodies")
+                              "send smaller bodies", linger=True)
         else:
             limits.in_flight += size  # `limits.take`, inlined: the room is checked above
             limits.moved += size
@@ -168,7 +187,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if not self.limits.take(size):
             self._refuse_busy("bytes_in_flight", "the request bytes in flight reached "
                               f"GRM_MAX_BYTES_IN_FLIGHT={self.limits.budget}: retry later; "
-                              "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies")
+                              "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies",
+                              linger=True)
             return
         self._reserved[-1] += size
 
@@ -208,14 +228,12 @@ class _Exchange:
     the attributes the protocol reads from one (`response_complete`, `keep_alive`,
     `disconnected`, `message_event`)."""
 
-    def __init__(self, proto: HotHttpProtocol, hot: HotPath, gw: Gateway, head: RequestHead,
-                 scope: dict[str, Any], keep_alive: bool) -> None:
+    def __init__(self, proto: HotHttpProtocol, hot: HotPath, head: RequestHead, path: str,
+                 keep_alive: bool) -> None:
         self.proto = proto
         self.hot = hot
-        self.gw = gw
         self.head = head
-        self.scope = scope  # uvicorn's, for a body that goes to FastAPI after all
-        self.path = CHAT if scope["path"] == CHAT else CLASSIFY
+        self.path = path
         self.keep_alive = keep_alive
         self.chunks: list[bytes | bytearray] = []
         self.left = head.content_length  # body bytes still to come
@@ -234,11 +252,7 @@ class _Exchange:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks = []  # the body is held once, by `body`, while the request runs
         try:
-            reply = await self.hot.serve(self.path, self.gw, self.head, body)
-            if reply is None:
-                await self._to_fastapi(body)
-            else:
-                self._write(reply)
+            self._write(await self.hot.serve(self.path, self.head, body))
         except Exception:
             log.exception("exception in the hot path")
             if not self.response_complete:
@@ -258,26 +272,6 @@ class _Exchange:
             proto.on_response_complete()
         else:
             proto.transport.close()
-
-    async def _to_fastapi(self, body: bytes | bytearray) -> None:
-        """The request as uvicorn would have run it: its scope, its cycle, the body given."""
-        proto = self.proto
-        given = asyncio.Event()
-        given.set()  # the body is all here: the app's first receive() returns it at once
-        cycle = RequestResponseCycle(
-            scope=cast(HTTPScope, self.scope), transport=proto.transport, flow=proto.flow,
-            logger=proto.logger, access_logger=proto.access_logger, access_log=proto.access_log,
-            default_headers=proto.server_state.default_headers, message_event=given,
-            expect_100_continue=False, keep_alive=self.keep_alive,
-            on_response=proto.on_response_complete)
-        cycle.body, cycle.more_body = bytearray(body), False
-        cycle.disconnected = self.disconnected
-        # The protocol tells the cycle in flight of a disconnect or a shutdown; a pipelined
-        # request may already be the current cycle, then it stays so.
-        if proto.cycle is cast(Any, self):
-            proto.cycle = cycle
-        self.response_complete = True
-        await cycle.run_asgi(cast(ASGI3Application, self.hot.app))
 
 
 class _BodyReader(asyncio.BufferedProtocol):
@@ -372,25 +366,13 @@ class HotHttpProtocol(EdgeProtocol):
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None  # pipelined behind a request in flight: uvicorn queues it
-        gw = hot.admit(head)
-        self.scope[ADMITTED] = gw  # type: ignore[literal-required]
         # No Content-Length (chunked) or a larger one: uvicorn reads what there is.
-        if gw is None or not 0 <= head.content_length <= self.body_limit:
+        if not 0 <= head.content_length <= self.body_limit:
             return None
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive()
-        return _Exchange(self, hot, gw, head, self._fill_scope(version), keep_alive)
-
-    def _fill_scope(self, version: str) -> dict[str, Any]:
-        """What uvicorn's `on_headers_complete` adds to the scope (root_path is empty here)."""
-        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-        scope["method"] = "POST"
-        scope["http_version"] = version
-        parsed = httptools.parse_url(self.url)
-        scope["path"] = parsed.path.decode("ascii")
-        scope["raw_path"] = parsed.path
-        scope["query_string"] = parsed.query or b""
-        return scope
+        path = CHAT if self.url.split(b"?", 1)[0] == _CHAT_URL else CLASSIFY
+        return _Exchange(self, hot, head, path, keep_alive)
 
     def on_body(self, body: bytes) -> None:
         exchange = self.cycle

@@ -31,3 +31,11 @@ class ClassifyRequest(BaseModel):
     """vLLM's /classify body: any JSON object, forwarded with the served model filled in."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its own body and validates it by
+    `model` (the hot routes: `HotPath.serve`)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": schema}}}}
