@@ -8,7 +8,9 @@ open connections, time per phase of a request, and request bytes in flight.
   within `body_timeout_s` of its headers (slow-loris clients); late ones get a 408 and a close.
 - A refusal sent before the body was read (the byte budget's 503, an upgrade's 400) is
   followed by a lingering close, nginx's way: the gateway stops writing, then reads and drops
-  what the client still sends, for at most `linger_s` and `max_body_bytes`, and closes. Closed
+  what the client still sends, and closes: past the body's declared length (a chunked one's:
+  `max_body_bytes`), after `linger_s` without a byte, or `body_timeout_s` after the refusal,
+  whichever comes first (nginx's `lingering_timeout` and `lingering_time`). Closed
   at once, the socket would answer the client's next bytes with a reset, and the client's
   kernel would drop the refusal it had not read yet.
 - At most `max_connections` are open; one more is answered 503 and closed at once.

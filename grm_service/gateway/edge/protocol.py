@@ -62,6 +62,7 @@ class EdgeProtocol(HttpToolsProtocol):
     _refused = False
     _chunked = False
     _unread = 0  # while lingering: the bytes it may still read and drop
+    _linger_end = math.inf  # and when it closes, whatever comes
     _defaults: list[tuple[bytes, bytes]] | None = None
     _default_lines = b""
 
@@ -92,21 +93,24 @@ class EdgeProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()
 
-    def _refuse(self, answer: Reply, linger: bool = False) -> None:
-        """Answer and close; `linger`: the body may still be on its way (limits.py says why
-        the close then lingers)."""
+    def _refuse(self, answer: Reply, linger: int | None = None) -> None:
+        """Answer and close. `linger`: the body may still be on its way, and the close lingers
+        (limits.py says why) until this many more bytes came in, nothing came for `linger_s`,
+        or `body_timeout_s` passed."""
         self._refused = True
         transport = self.transport
         if transport.is_closing():
             return
         transport.write(wire(answer, self.default_lines(), keep_alive=False))
-        if not linger or not transport.can_write_eof():
+        if linger is None or not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()  # the client reads the answer, then the end
         limits = self.limits
-        self._unread = limits.linger_bytes
-        self._phase, self.deadline = _LINGER, limits.now + limits.linger_s
+        self._unread = linger
+        self._linger_end = limits.now + limits.body_s
+        self._phase, self.deadline = _LINGER, min(limits.now + limits.linger_s,
+                                                  self._linger_end)
         self.flow.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -116,8 +120,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._unread -= len(data)  # dropped unparsed
         if self._unread < 0:
             self.transport.close()
+        else:
+            self.deadline = min(self.limits.now + self.limits.linger_s, self._linger_end)
 
-    def _refuse_busy(self, reason: str, message: str, linger: bool = False) -> None:
+    def _refuse_busy(self, reason: str, message: str, linger: int | None = None) -> None:
         """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
         self.limits.refusals.note(reason, 503, message)
         self._refuse(error_reply(EdgeFull(message, retry_after=1)), linger)
@@ -156,12 +162,12 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.parser.should_upgrade():
             self._refuse(error_reply(BadHeader("Upgrade is not supported here: send the "
                                                "request without 'Upgrade' and 'Connection: "
-                                               "upgrade'")), linger=True)
+                                               "upgrade'")), self._body_left(head))
         elif size > limits.budget - limits.in_flight:
             self._refuse_busy("bytes_in_flight", f"{limits.in_flight} request bytes in flight "
                               f"and this body's {size} would pass GRM_MAX_BYTES_IN_FLIGHT="
                               f"{limits.budget}: retry later; raise GRM_MAX_BYTES_IN_FLIGHT or "
-                              "send smaller bodies", linger=True)
+                              "send smaller bodies", self._body_left(head))
         else:
             limits.in_flight += size  # `limits.take`, inlined: the room is checked above
             limits.moved += size
@@ -170,6 +176,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self._phase, self.deadline = _BODY, limits.now + limits.body_s
             self.scope[HEAD] = head  # type: ignore[literal-required]
             self.start(head)
+
+    def _body_left(self, head: RequestHead) -> int:
+        """What a refused request may still send: its declared body, else (chunked) as much as
+        the largest body taken."""
+        return head.content_length if head.content_length >= 0 else self.limits.linger_bytes
 
     def start(self, head: RequestHead) -> None:
         """Run the request whose headers were just read."""
@@ -188,7 +199,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refuse_busy("bytes_in_flight", "the request bytes in flight reached "
                               f"GRM_MAX_BYTES_IN_FLIGHT={self.limits.budget}: retry later; "
                               "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies",
-                              linger=True)
+                              self.limits.linger_bytes)
             return
         self._reserved[-1] += size
 

@@ -68,8 +68,8 @@ LIMIT = 200_000
 def guarded(inner: Inner, **settings: Any) -> httpx.AsyncClient:
     config = Settings(model="m", max_body_bytes=LIMIT, max_image_bytes=1000, max_json_depth=8,
                       **settings)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=Guards(inner, config, Admission(config))),
-                             base_url="http://gw")
+    guards = Guards(inner, config, Admission(config))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=guards), base_url="http://gw")
 
 
 async def test_keys_guard_every_path_but_health_ready_and_metrics() -> None:
