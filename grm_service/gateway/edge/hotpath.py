@@ -1,10 +1,11 @@
-"""The hot routes, served in front of FastAPI: `POST /v1/chat/completions` and `POST /classify`.
+"""The hot routes, `POST /v1/chat/completions` and `POST /classify`, and their one door.
 
 Every request of an RL step goes through one of these, so they skip what a framework adds per
 request (routing table, dependency injection, a pydantic round trip of the whole body, a
 middleware chain) and keep the product's own work, in this order:
 
-    auth + body limit + JSON shape -> parse -> validate -> proxy.forward -> render -> metrics
+    admission -> body limit + JSON shape -> parse -> validate -> proxy.forward -> render
+    -> metrics
 
 `proxy.forward` does the same for every path: the checkpoint (`checkpoint.check_body`, images
 included), routing key and request digest from one canonical serialisation, backpressure
@@ -110,7 +111,7 @@ def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int,
 def parse(raw: bytes | bytearray, max_depth: int,
           max_values: int) -> tuple[Any, longstrings.Lifted | None]:
     """The body within the shape bounds, as Python values, and the long strings lifted out of
-    its parse; NotPlain where FastAPI must take it."""
+    its parse; NotPlain where the fast parsers do not take it (`HotPath._parse` then decides)."""
     # One pass for a backslash, which the surrogate check and the parse both ask about, and one
     # for the strings, which the shape bound and the parse both need.
     escaped = raw.find(b"\\") >= 0
