@@ -61,8 +61,6 @@ class EdgeProtocol(HttpToolsProtocol):
     _phase = _IDLE
     _refused = False
     _chunked = False
-    _unread = 0  # while lingering: the bytes it may still read and drop
-    _linger_end = math.inf  # and when it closes, whatever comes
     _defaults: list[tuple[bytes, bytes]] | None = None
     _default_lines = b""
 
@@ -107,21 +105,10 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         transport.write_eof()  # the client reads the answer, then the end
         limits = self.limits
-        self._unread = linger
-        self._linger_end = limits.now + limits.body_s
-        self._phase, self.deadline = _LINGER, min(limits.now + limits.linger_s,
-                                                  self._linger_end)
+        self._phase = _LINGER
+        # From the next read on (the parser may still be handed the rest of this one).
+        transport.set_protocol(_Linger(self, linger, limits.now + limits.body_s))
         self.flow.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        if self._phase != _LINGER:
-            super().data_received(data)
-            return
-        self._unread -= len(data)  # dropped unparsed
-        if self._unread < 0:
-            self.transport.close()
-        else:
-            self.deadline = min(self.limits.now + self.limits.linger_s, self._linger_end)
 
     def _refuse_busy(self, reason: str, message: str, linger: int | None = None) -> None:
         """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
@@ -232,6 +219,29 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+
+
+class _Linger(asyncio.Protocol):
+    """The connection's protocol while it lingers: what comes in is dropped unparsed, and the
+    owner's deadline moves on with each read, up to `end`; past `unread` bytes it closes."""
+
+    def __init__(self, owner: EdgeProtocol, unread: int, end: float) -> None:
+        self.owner, self.unread, self.end = owner, unread, end
+        owner.deadline = min(owner.limits.now + owner.limits.linger_s, end)
+
+    def data_received(self, data: bytes) -> None:
+        owner = self.owner
+        self.unread -= len(data)
+        if self.unread < 0:
+            owner.transport.close()
+        else:
+            owner.deadline = min(owner.limits.now + owner.limits.linger_s, self.end)
+
+    def eof_received(self) -> None:
+        pass  # the client is done: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.connection_lost(exc)
 
 
 class _Exchange:

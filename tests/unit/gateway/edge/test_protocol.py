@@ -443,7 +443,7 @@ async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> Non
         assert second.wire.eof and not second.wire.closed
         await second.send(b"{" * 60, b"\r\n\r\n" * 10, b"x")
         assert second.wire.data == written and not second.wire.closed
-        second.proto.data_received(b" ")
+        hand_on(second.wire, b" ")
         assert second.wire.closed and len(hot.served) == 1
         hot.hold.set()
         await first.settled()
@@ -590,7 +590,7 @@ async def until_closed(connection: Connection, feed: bool, within_s: float) -> f
         elapsed = asyncio.get_running_loop().time() - start
         assert elapsed < within_s, "still open"
         if feed:
-            connection.proto.data_received(b" ")
+            hand_on(connection.wire, b" ")
         await asyncio.sleep(0.02)
     return asyncio.get_running_loop().time() - start
 
