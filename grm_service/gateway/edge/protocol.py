@@ -6,8 +6,8 @@ Why: uvicorn writes a response's head and body in two `send` calls, and an ASGI 
 message dicts, receive/send coroutines and a cycle object per request; on the gateway's hot path
 that was a large share of the CPU per request (benchmarks/RESULTS.md, issue 14). Here the
 protocol hands the body to `HotPath.serve` and writes the reply it returns. The rest of a large
-body (an image) is read by the transport straight into one buffer (`_BodyReader`), not copied
-three times on its way through uvloop, the parser and a join.
+body (an image) is read by the transport straight into one buffer (`body_reads.BodyReader`),
+not copied three times on its way through uvloop, the parser and a join.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
 no `Expect: 100-continue`, no earlier request of the connection still in flight, an app that is
@@ -24,7 +24,6 @@ start-up and falls back (pyproject bounds uvicorn's version).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import math
 
@@ -32,6 +31,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grm_service.errors import BadHeader, EdgeFull, RequestTimeout
+from grm_service.gateway.edge.body_reads import BodyReader, Linger, body_buffer
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HEAD, HotPath
 from grm_service.gateway.edge.limits import EdgeLimits
@@ -45,8 +45,8 @@ _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 # Phases of the request a connection is in; the deadline of each is in limits.py.
 _IDLE, _HEADERS, _BODY, _BUSY, _DRAIN, _LINGER = range(6)
 # A hot body with at least this much still to come after the read that ended its headers is
-# read by the transport straight into one buffer (`_BodyReader`); a smaller rest goes through
-# the parser, whose copies of it cost less than switching the connection's protocol.
+# read by the transport straight into one buffer (`body_reads.BodyReader`); a smaller rest goes
+# through the parser, whose copies of it cost less than switching the connection's protocol.
 DIRECT_READ_BYTES = 16 << 10
 
 
@@ -107,7 +107,7 @@ class EdgeProtocol(HttpToolsProtocol):
         limits = self.limits
         self._phase = _LINGER
         # From the next read on (the parser may still be handed the rest of this one).
-        transport.set_protocol(_Linger(self, linger, limits.now + limits.body_s))
+        transport.set_protocol(Linger(self, linger, limits.now + limits.body_s))
         self.flow.resume_reading()
 
     def _refuse_busy(self, reason: str, message: str, linger: int | None = None) -> None:
@@ -221,29 +221,6 @@ class EdgeProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
 
 
-class _Linger(asyncio.Protocol):
-    """The connection's protocol while it lingers: what comes in is dropped unparsed, and the
-    owner's deadline moves on with each read, up to `end`; past `unread` bytes it closes."""
-
-    def __init__(self, owner: EdgeProtocol, unread: int, end: float) -> None:
-        self.owner, self.unread, self.end = owner, unread, end
-        owner.deadline = min(owner.limits.now + owner.limits.linger_s, end)
-
-    def data_received(self, data: bytes) -> None:
-        owner = self.owner
-        self.unread -= len(data)
-        if self.unread < 0:
-            owner.transport.close()
-        else:
-            owner.deadline = min(owner.limits.now + owner.limits.linger_s, self.end)
-
-    def eof_received(self) -> None:
-        pass  # the client is done: the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.connection_lost(exc)
-
-
 class _Exchange:
     """One hot request on a connection. Stands in for uvicorn's cycle while in flight, so it has
     the attributes the protocol reads from one (`response_complete`, `keep_alive`,
@@ -293,74 +270,6 @@ class _Exchange:
             proto.on_response_complete()
         else:
             proto.transport.close()
-
-
-class _BodyReader(asyncio.BufferedProtocol):
-    """The connection's protocol while the rest of a hot body is read into `buffer`; it hands
-    the connection back once the body is whole, and reads nothing past it (each read is given
-    the body's missing bytes only, so a pipelined request stays in the socket)."""
-
-    def __init__(self, owner: HotHttpProtocol, exchange: _Exchange, buffer: bytearray,
-                 filled: int) -> None:
-        self.owner, self.exchange = owner, exchange
-        self.view, self.filled = memoryview(buffer), filled
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.view[self.filled:]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.filled += nbytes
-        if self.filled == len(self.view):
-            self.owner.body_read(self.exchange)
-
-    def eof_received(self) -> None:
-        self.owner.eof_received()  # uvicorn's: nothing, so the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.owner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.owner.resume_writing()
-
-
-# CPython's own constructor, given no bytes to copy, leaves the new buffer's contents as the
-# allocator gives them: `bytearray(n)` would zero megabytes that the reads overwrite at once.
-_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
-_new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-_new_bytearray.restype = ctypes.py_object
-
-
-def _unfilled(size: int) -> bytearray:
-    """A bytearray of `size` bytes, not zeroed: every byte is written before it is read."""
-    buffer = _new_bytearray(None, size)
-    assert isinstance(buffer, bytearray)
-    return buffer
-
-
-# The parse makes a `str` of an image's data URL (`longstrings.loads`). CPython's ASCII decoder
-# copies word by word, checking as it copies, only where the text starts on a word boundary;
-# elsewhere it checks the whole text, then copies it (the parse's lift of a 2.7 MB page scan:
-# ~290 against ~210 us, benchmarks/RESULTS.md). The body's buffer is placed to give the first
-# data URL that start.
-_WORD = 8
-_DATA_URL = b'"data:'
-
-
-def body_buffer(size: int, first: bytes | bytearray) -> bytearray:
-    """An unfilled buffer for a body of `size` bytes whose first read is `first`, placed so that
-    the text of the first data URL in `first` (if any) starts on a word boundary."""
-    at = first.find(_DATA_URL)
-    if at < 0:
-        return _unfilled(size)
-    buffer = _unfilled(size + _WORD)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    # O(1): CPython drops a bytearray's first bytes by moving its start, not its contents.
-    del buffer[:(-(base + at + 1)) % _WORD]
-    del buffer[size:]
-    return buffer
 
 
 class HotHttpProtocol(EdgeProtocol):
@@ -421,11 +330,11 @@ class HotHttpProtocol(EdgeProtocol):
         exchange.chunks = [buffer]
         # Both loops give the reads to the protocol set from the next one on (uvloop
         # rebinds its read callbacks): `test_protocol.py` checks it on a real socket.
-        transport.set_protocol(_BodyReader(self, exchange, buffer, filled))
+        transport.set_protocol(BodyReader(self, exchange, buffer, filled))
 
     def body_read(self, exchange: _Exchange) -> None:
-        """The body is whole (`_BodyReader`): the connection is this protocol's again, read by
-        a fresh parser (the one before still waits for the body), as uvicorn makes it."""
+        """The body is whole (`body_reads.BodyReader`): the connection is this protocol's again,
+        read by a fresh parser (the one before still waits for the body), as uvicorn makes it."""
         exchange.left = 0
         self.parser = httptools.HttpRequestParser(self)
         self.transport.set_protocol(self)

@@ -24,9 +24,10 @@ from uvicorn.server import ServerState
 
 from grm_service.config import Settings
 from grm_service.gateway.edge.admission import Asker
+from grm_service.gateway.edge.body_reads import body_buffer
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
-from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol, body_buffer
+from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
 from grm_service.gateway.edge.protocol_check import missing, protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
@@ -508,7 +509,7 @@ class _Reader(asyncio.BufferedProtocol):
 def test_a_connection_switched_to_a_buffered_reader_and_back_on_a_real_socket(
     new_loop: Any,
 ) -> None:
-    """What `_BodyReader` relies on: each loop gives a protocol set mid-connection the next
+    """What `BodyReader` relies on: each loop gives a protocol set mid-connection the next
     reads, a buffered one no further than the buffer it gave, and the bytes after it to the
     protocol set back."""
     size = 3 << 20
