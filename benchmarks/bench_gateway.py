@@ -12,6 +12,12 @@ percentiles, and CPU seconds per request of the contender process, the stubs and
         --concurrency 64 --out ledger-cost            # what recording every answer costs
     .venv/bin/python benchmarks/bench_gateway.py --contenders direct --gateway-workers 1 4 \
         --replicas 1 --stub-delay 0.1 --concurrency 512   # below saturation: waits in the gate
+    .venv/bin/python benchmarks/bench_gateway.py --body judge --concurrency 64  # a judge request
+    .venv/bin/python benchmarks/bench_gateway.py --body sdk --concurrency 64   # the OpenAI SDK's
+
+`--body` picks the requests (benchmarks/bodies.py): `short`, the 120-byte body; `judge`, a
+~1.1 KB four-message judge request with sampling fields; `sdk`, what the OpenAI Python SDK
+sends (its compact body, its headers).
 
 Writes benchmarks/results/gateway.json (every run) and gateway.md (the summary tables).
 """
@@ -228,6 +234,9 @@ def main() -> None:
                         "(stub_server.py --fast): the stubs' CPU no longer competes with "
                         "many gateway workers for the machine's cores")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--body", choices=loadgen.bodies.KINDS, default="short",
+                        help="the requests sent (bodies.py): the short body, a judge "
+                        "request, or the OpenAI SDK's")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each run")
@@ -302,8 +311,9 @@ def main() -> None:
                 order.reverse()
             for conc in args.concurrency:
                 for c in order:
-                    loadgen.run_split(c.urls, loadgen.Load(conc, args.warmup))
-                    load = loadgen.Load(conc, args.duration, max_requests=args.max_requests)
+                    loadgen.run_split(c.urls, loadgen.Load(conc, args.warmup, body=args.body))
+                    load = loadgen.Load(conc, args.duration, max_requests=args.max_requests,
+                                        body=args.body)
                     run = _measure(c, stubs, load, rnd)
                     runs.append(run)
                     print(f"round {rnd} c={conc:<4} {c.name:<14} {run.rps:>8.0f} req/s "
@@ -322,7 +332,7 @@ def main() -> None:
                        f"{_cpus()} CPUs",
             "replicas": args.replicas, "stub_delay_s": args.stub_delay,
             "fast_stubs": args.fast_stubs, "rounds": args.rounds,
-            "duration_s": args.duration,
+            "duration_s": args.duration, "body": args.body,
             "wall_s": round(time.time() - started), "failed": failed,
             "argv": " ".join(sys.argv)}
     RESULTS.mkdir(exist_ok=True)

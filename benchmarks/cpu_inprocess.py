@@ -48,6 +48,7 @@ from uvicorn.server import ServerState
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_images
+import bodies
 import procs
 from ledger_split import Counts, thread_counts
 from stub_server import logprobs_answer
@@ -107,6 +108,19 @@ def _judge_request(i: int) -> bytes:
     return _http(json.dumps(body).encode(), i)
 
 
+def _client_request(kind: str) -> Callable[[int], bytes]:
+    """bench_gateway's `--body judge` or `--body sdk` requests (bodies.py), headers included."""
+    made = bodies.requests(kind, "rm")
+
+    def request(i: int) -> bytes:
+        headers, body = made[i % len(made)]
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+                + lines.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    return request
+
+
 def _scan_request(i: int) -> bytes:
     """A 1700 x 2200 grey page scan (PNG, ~2 MB; a 2.7 MB body), 16 tokens answered."""
     png = bench_images.scan_page(1700, 2200, 0.025, seed=i)
@@ -119,6 +133,8 @@ WORKLOADS: dict[str, tuple[Callable[[int], bytes], Callable[[], bytes], int]] = 
     "judge": (_judge_request, lambda: _CHAT_ANSWER, 256),
     "ocr": (_ocr_request, lambda: logprobs_answer(128), 256),
     "scan": (_scan_request, lambda: _CHAT_ANSWER, 2),
+    "judge-client": (_client_request("judge"), lambda: _CHAT_ANSWER, bodies.DISTINCT),
+    "sdk": (_client_request("sdk"), lambda: _CHAT_ANSWER, bodies.DISTINCT),
 }
 # What one read from a socket gives the protocol at most (uvloop's read buffer).
 READ_BYTES = 256 << 10
@@ -361,7 +377,8 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="chat",
                         help="chat: loadgen.lua's bodies; ocr: a distinct 224 x 224 PNG each, "
                         "128 tokens with logprobs answered; judge: a short grading prompt; "
-                        "scan: a 2.7 MB page-scan body")
+                        "scan: a 2.7 MB page-scan body; judge-client and sdk: bench_gateway's "
+                        "--body judge and --body sdk")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="one burst under cProfile: the top functions, stats to FILE")
     parser.add_argument("--callgrind", action="store_true",

@@ -1,12 +1,42 @@
 -- wrk script: POST one of N distinct chat bodies (round robin), stop after a request budget,
 -- and print the result as one JSON line ("JSON {...}") for loadgen.py to parse.
--- args: keys max_requests_per_thread model path [pin]
+-- args: keys max_requests_per_thread model path [pin [bodies_file]]
+-- bodies_file (bodies.py writes it): requests separated by NUL, each its header lines, an
+-- empty line and its body; without it, `keys` short bodies built here.
 local reqs, nreq, sent, budget = {}, 0, 0, 0
+
+local function read_bodies(file, path, pin)
+  local f = assert(io.open(file, "rb"))
+  local data = f:read("*a")
+  f:close()
+  local start = 1
+  while start <= #data do
+    local stop = string.find(data, "\0", start, true) or (#data + 1)
+    local block = string.sub(data, start, stop - 1)
+    local split = string.find(block, "\n\n", 1, true)
+    local headers = {}
+    for line in string.gmatch(string.sub(block, 1, split), "([^\n]+)\n") do
+      local name, value = string.match(line, "^([^:]+): (.*)$")
+      headers[name] = value
+    end
+    local key = "k" .. (#reqs + 1)
+    headers["X-Session-ID"], headers["X-SMG-Routing-Key"] = key, key
+    if pin and pin ~= "" then headers["x-grm-pin-replica"] = pin end
+    reqs[#reqs + 1] = wrk.format("POST", path, headers, string.sub(block, split + 2))
+    start = stop + 1
+  end
+  return #reqs
+end
 
 function init(args)
   local keys = tonumber(args[1])
   budget = tonumber(args[2])
-  local model, path, pin = args[3], args[4], args[5]
+  local model, path, pin, file = args[3], args[4], args[5], args[6]
+  if file and file ~= "" then
+    nreq = read_bodies(file, path, pin)
+    sent = math.random(0, nreq - 1)
+    return
+  end
   for i = 1, keys do
     local key = "k" .. i
     local body = string.format(

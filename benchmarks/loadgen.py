@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import bodies
+
 LUA = Path(__file__).with_name("loadgen.lua")
 PATH = "/v1/chat/completions"
 
@@ -32,6 +34,7 @@ class Load:
     max_requests: int = 2_000_000
     model: str = "rm"
     pin: str = ""
+    body: str = "short"  # which requests (bodies.py): short, judge or sdk
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Result:
         return (lo[1] + (hi[1] - lo[1]) * (p - lo[0]) / (hi[0] - lo[0])) / 1000
 
 
-def _argv(url: str, load: Load, connections: int) -> list[str]:
+def _argv(url: str, load: Load, connections: int, file: Path | None) -> list[str]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise SystemExit("wrk not found: apt-get install wrk")
@@ -67,7 +70,7 @@ def _argv(url: str, load: Load, connections: int) -> list[str]:
     seconds = max(1, round(load.duration_s))  # wrk takes whole seconds
     return [wrk, "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s",
             "--timeout", "30s", "-s", str(LUA), url, "--",
-            str(load.keys), str(budget), load.model, PATH, load.pin]
+            str(load.keys), str(budget), load.model, PATH, load.pin, str(file or "")]
 
 
 def _parse(out: str) -> dict[str, object]:
@@ -81,11 +84,17 @@ def run_split(urls: list[str], load: Load) -> Result:
     """One wrk per url, `load.connections` split evenly over them (urls beyond it stay idle)."""
     n = min(len(urls), load.connections)
     share = [load.connections // n + (1 if i < load.connections % n else 0) for i in range(n)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    procs = [subprocess.Popen(_argv(u, load, c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for u, c in zip(urls[:n], share, strict=True)]
-    outs = [p.communicate(timeout=load.duration_s + 60)[0] for p in procs]
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    file = bodies.write(load.body, load.model) if load.body != "short" else None
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        procs = [subprocess.Popen(_argv(u, load, c, file), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for u, c in zip(urls[:n], share, strict=True)]
+        outs = [p.communicate(timeout=load.duration_s + 60)[0] for p in procs]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        if file is not None:
+            file.unlink()
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return _merge([_parse(o) for o in outs], cpu)
 
@@ -151,9 +160,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=256)
     parser.add_argument("--model", default="rm")
     parser.add_argument("--pin", default="", help="x-grm-pin-replica header value")
+    parser.add_argument("--body", choices=bodies.KINDS, default="short",
+                        help="the requests sent (bodies.py)")
     args = parser.parse_args()
     load = Load(args.connections, args.duration, args.keys, args.max_requests, args.model,
-                args.pin)
+                args.pin, args.body)
     res = run_split([_target(u) for u in args.url], load)
     sys.stdout.write(
         f"{'req/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>7} {'wrk cpu s':>9}\n"

@@ -258,6 +258,11 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Time from a request's first byte to its last header -> 408.")
     body_timeout_s: float = Field(
         60.0, gt=0, description="Time from a request's headers to its last body byte -> 408.")
+    linger_s: float = Field(
+        5.0, gt=0, description="After a refusal sent before its body was read, the gateway "
+        "reads and drops the rest (at most its declared length, for at most "
+        "GRM_BODY_TIMEOUT_S) so that the client, still sending, reads the refusal rather than "
+        "a reset; it closes once nothing came for this long.")
     max_connections: int = Field(
         1000, ge=1, description="Open client connections per process; one more -> 503, closed.")
     max_bytes_in_flight: int = Field(

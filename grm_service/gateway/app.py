@@ -29,7 +29,7 @@ from grm_service.gateway.edge import (
 )
 from grm_service.gateway.edge.bad_json import invalid_json
 from grm_service.gateway.edge.guards import Guards
-from grm_service.gateway.edge.hotpath import HotPath
+from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath
 from grm_service.gateway.edge.middleware import MetricsMiddleware
 from grm_service.gateway.edge.replies import ReplyResponse, error_reply, validation_reply
 from grm_service.gateway.edge.score_body import add_score_schema
@@ -209,8 +209,9 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.add_exception_handler(GrmError, _grm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(Guards, settings=settings)
-    app.add_middleware(MetricsMiddleware, requests=service.requests)
+    app.add_middleware(Guards, settings=settings, admission=service.admission)
+    app.add_middleware(MetricsMiddleware, requests=service.requests,
+                       served=frozenset({CHAT, CLASSIFY}))
     app.include_router(routes_admin.router)
     app.include_router(routes_engines.router)
     app.include_router(routes_openai.router)
@@ -219,7 +220,8 @@ def create_app(service: Service, on_fatal: OnFatal | None = None) -> HotPath:
     app.include_router(routes_gym.router)
     app.include_router(routes_ledger.router)
     _with_score_schema(app, settings)
-    return HotPath(app, service)
+    hot = app.state.hot = HotPath(app, service)  # the hot routes' one door (routes call it)
+    return hot
 
 
 def scorer_names(settings: Settings) -> list[str]:

@@ -11,6 +11,7 @@ request to FastAPI, whose routes answer 503.
 from __future__ import annotations
 
 from grm_service.config import Settings
+from grm_service.gateway.edge.admission import Admission
 from grm_service.gateway.edge.limits import EdgeLimits
 from grm_service.gateway.edge.middleware import RequestMetrics
 from grm_service.gateway.request.proxy import Gateway
@@ -27,6 +28,7 @@ class Service:
         self.requests = RequestMetrics(self.metrics)
         self.refusals = Refusals(self.metrics.rejected)  # the edge's and the request side's
         self.limits = EdgeLimits(settings, self.refusals)
+        self.admission = Admission(settings)  # every edge admits a request through it
         self.gateway: Gateway | None = None
 
     def start(self, gateway: Gateway) -> None:

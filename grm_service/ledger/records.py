@@ -63,7 +63,7 @@ class Origin:
 
     @classmethod
     def of(cls, route: str, token: bytes | None, run: str | None, step: str | None) -> Origin:
-        """From the request's presented key (`guards.presented_key`) and tag headers; a bad
+        """From the request's presented key (`admission.presented_key`) and tag headers; a bad
         tag raises `BadTag` (never kept, so raised every time)."""
         return _origin(route, token, run, step)
 

@@ -3,11 +3,13 @@ request arrives: past the read that ends its headers, the gateway's transport re
 straight into one buffer of the body's size (`edge/protocol.py`, `_BodyReader`). The replica
 must get every byte as sent, request after request (the buffer is not zeroed, so a byte left
 unread would show an earlier body), and a request pipelined behind a large body must be read
-and answered too.
+and answered too. A body larger than the request bytes the gateway may hold is refused before
+it is read, and the client, still sending it, must read that refusal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import random
@@ -16,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from grm_service.canonical import canonical_json
@@ -23,6 +26,9 @@ from grm_service.fingerprint import digest
 from tests.support.procs import Proc, gateway_on_stubs, received
 
 SIZE = 3 << 20  # base64 characters of each body's long string: a page scan's order
+BUDGET = 6 << 20  # request bytes in flight (and the largest body): two of SIZE fit
+ENV = {"GRM_AUDIT_FRACTION": "0", "GRM_MAX_BYTES_IN_FLIGHT": str(BUDGET),
+       "GRM_MAX_BODY_BYTES": str(BUDGET), "GRM_MAX_IMAGE_BYTES": str(BUDGET // 2)}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,7 @@ def service(
     tmp_path_factory: pytest.TempPathFactory, stub_pair: list[Proc]
 ) -> Iterator[tuple[Proc, list[Proc]]]:
     tmp = tmp_path_factory.mktemp("large-bodies")
-    with gateway_on_stubs(tmp, env={"GRM_AUDIT_FRACTION": "0"}, shared=stub_pair) as pair:
+    with gateway_on_stubs(tmp, env=ENV, shared=stub_pair) as pair:
         yield pair
 
 
@@ -120,3 +126,38 @@ def test_a_request_pipelined_behind_a_large_body_is_answered(
     assert second[1]["x-grm-request-digest"] == digest(canonical_json(small))
     assert sorted(sent_contents(stubs)) == sorted([large["messages"][0]["content"],
                                                    "the next request"])
+
+
+def test_bodies_refused_for_want_of_room_get_their_503_while_still_sending(
+    service: tuple[Proc, list[Proc]],
+) -> None:
+    """40 clients at once, each sending an 8 MiB body past the byte budget: the gateway
+    answers 503 from the headers and drops the rest of the body as it comes (a lingering
+    close). Closed at once, the socket reset the clients still sending, which lost the answer
+    (httpx `ReadError`/`WriteError`: 25 of 40 on a loaded machine)."""
+    gateway, stubs = service
+    received(stubs, clear=True)
+    body = json.dumps(chat("x" * (8 << 20))).encode()
+
+    async def post(client: httpx.AsyncClient) -> httpx.Response | BaseException:
+        try:
+            return await client.post("/v1/chat/completions", content=body,
+                                     headers={"content-type": "application/json"})
+        except httpx.TransportError as err:
+            return err
+
+    async def burst() -> list[httpx.Response | BaseException]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+            return await asyncio.gather(*(post(client) for _ in range(40)))
+
+    answers = asyncio.run(burst())
+    failed = [repr(a) for a in answers if not isinstance(a, httpx.Response)]
+    assert not failed, f"{len(failed)} of 40 lost their answer: {failed[:3]}"
+    for answer in answers:
+        assert isinstance(answer, httpx.Response)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert "GRM_MAX_BYTES_IN_FLIGHT" in answer.json()["error"]["message"]
+    assert received(stubs) == []
+    # The gateway still serves, its budget whole.
+    small = httpx.post(gateway.url + "/v1/chat/completions", json=chat("after"), timeout=30)
+    assert small.status_code == 200

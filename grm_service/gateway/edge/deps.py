@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import cast
 
 from fastapi import Request
+from starlette.responses import Response
 
-from grm_service.errors import ServiceUnavailable
-from grm_service.gateway.edge.guards import presented_key
+from grm_service.gateway.edge.guards import HEAD, asker_of
+from grm_service.gateway.edge.hotpath import HotPath, starting
+from grm_service.gateway.edge.replies import ReplyResponse
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.service import Service
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
@@ -20,9 +22,7 @@ async def gateway(request: Request) -> Gateway:
     service = cast(Service, request.app.state.service)
     gw = service.gateway
     if gw is None:
-        raise service.refusals.refuse("starting", ServiceUnavailable(
-            "the gateway is starting (its replicas are not looked at yet): retry in a "
-            "second; GET /ready says when it serves", retry_after=1))
+        raise service.refusals.refuse("starting", starting())
     return gw
 
 
@@ -35,5 +35,12 @@ async def pinned_replica(request: Request) -> str | None:
 async def origin(request: Request) -> Origin:
     """Who asks (the API key's id) and the client's run and step tags, for the ledger."""
     headers = request.headers
-    token = presented_key(headers.get("authorization", "").encode("latin-1"))
-    return Origin.of(request.url.path, token, headers.get(RUN_HEADER), headers.get(STEP_HEADER))
+    return Origin.of(request.url.path, asker_of(request.scope).key, headers.get(RUN_HEADER),
+                     headers.get(STEP_HEADER))
+
+
+async def hot_door(request: Request, path: str) -> Response:
+    """A hot route reached through FastAPI, answered by the hot path's `serve` (the one door),
+    with the head admitted in front of the app."""
+    hot = cast(HotPath, request.app.state.hot)
+    return ReplyResponse(await hot.serve(path, request.scope[HEAD], await request.body()))

@@ -9,7 +9,13 @@ libraries: starlette's `Headers.get` takes the first, a dict of the list the las
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
+
+if TYPE_CHECKING:
+    from grm_service.gateway.edge.admission import Asker
+    from grm_service.gateway.edge.replies import Reply
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -19,11 +25,12 @@ SINGLETONS = (b"authorization", b"content-length", b"content-type", b"host", _PI
 
 
 class RequestHead:
-    """Authorization, Content-Length, whether the body is JSON, the replica pin, the ledger's
-    run and step tags, and the first singleton header found twice (`repeated`, empty when
-    none)."""
+    """Authorization, Content-Length, whether the body is to be read as JSON, the replica pin,
+    the ledger's run and step tags, the first singleton header found twice (`repeated`, empty
+    when none), and admission's verdict on them (`admission.py`; None until it is asked)."""
 
-    __slots__ = ("authorization", "content_length", "json", "pin", "repeated", "run", "step")
+    __slots__ = ("admitted", "authorization", "content_length", "json", "pin", "repeated", "run",
+                 "step")
 
     def __init__(self, headers: Headers) -> None:
         authorization = length = ctype = pin = run = step = None
@@ -48,12 +55,20 @@ class RequestHead:
                     + (pin is not None) + host)
         self.authorization = authorization or b""
         self.content_length = int(length) if length is not None and length.isdigit() else -1
-        self.json = ctype is not None and (
-            ctype.split(b";", 1)[0].strip().lower() == b"application/json")
+        self.json = ctype is None or _json_type(ctype)
         self.pin = pin.decode("latin-1") if pin is not None else None
         self.run = run.decode("latin-1") if run is not None else None
         self.step = step.decode("latin-1") if step is not None else None
         self.repeated = "" if found == distinct else _repeated(headers)
+        self.admitted: Asker | Reply | None = None
+
+
+def _json_type(ctype: bytes) -> bool:
+    """The body is JSON by its media type: `application/json` or `application/<x>+json`, as
+    FastAPI reads a body (one without a content type is read as JSON too)."""
+    kind = ctype.split(b";", 1)[0].strip().lower()
+    return kind == b"application/json" or (kind.startswith(b"application/")
+                                            and kind.endswith(b"+json"))
 
 
 def _repeated(headers: Headers) -> str:

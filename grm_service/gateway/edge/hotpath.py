@@ -1,10 +1,11 @@
-"""The hot routes, served in front of FastAPI: `POST /v1/chat/completions` and `POST /classify`.
+"""The hot routes, `POST /v1/chat/completions` and `POST /classify`, and their one door.
 
 Every request of an RL step goes through one of these, so they skip what a framework adds per
 request (routing table, dependency injection, a pydantic round trip of the whole body, a
 middleware chain) and keep the product's own work, in this order:
 
-    auth + body limit + JSON shape -> parse -> validate -> proxy.forward -> render -> metrics
+    admission -> body limit + JSON shape -> parse -> validate -> proxy.forward -> render
+    -> metrics
 
 `proxy.forward` does the same for every path: the checkpoint (`checkpoint.check_body`, images
 included), routing key and request digest from one canonical serialisation, backpressure
@@ -13,14 +14,16 @@ included), routing key and request digest from one canonical serialisation, back
 long strings out of the parse and hands them to `forward` (`Lifted`), so no pass over the image
 is made character by character.
 
-Validation is the schema's own (`rules.py`: a fast check derived from the pydantic model, and
-pydantic itself when the fast check fails, so a refusal is the same 422); answers and errors
-are rendered by `replies.py` and counted by `RequestMetrics`, as on the FastAPI routes. What is
-not admitted (no gateway yet, a refused key, a repeated header, not JSON, too large) and what
-does not parse (invalid JSON or UTF-8, non-finite numbers, past the JSON shape bounds) is handed
-to the FastAPI app untouched, body included, where `Guards` and FastAPI word the refusal.
-`tests/unit/gateway/edge/test_hotpath.py` checks that what it takes on gives the same bytes as
-pydantic.
+Every answer to these routes comes from `HotPath.serve`, refusals included, whichever edge
+read the request (the one-write exchange of `protocol.py`, the ASGI adapter here, the FastAPI
+routes that give the OpenAPI schema): admission (`admission.py`: 401, a repeated header's 400,
+413), 503 while the gateway starts, 413 for a body read past the limit, 400 for a body that is
+not JSON or is past the shape bounds (`bad_json.py` words it), 422 from the schema's rules
+(`rules.py`: a fast check derived from the pydantic model, and pydantic itself when the fast
+check fails). Answers and errors are rendered by `replies.py` and counted by `RequestMetrics`.
+What the fast parsers do not take (non-finite numbers, a byte order mark) is parsed as FastAPI
+parses a body, so it gets the answer FastAPI gave. `tests/unit/gateway/edge/test_hotpath.py`
+checks that what the fast path takes on gives the same bytes as pydantic.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from typing import Any
 
 import msgspec
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from grm_service.errors import GrmError
-from grm_service.gateway.edge.guards import HEAD, key_ok, presented_key
+from grm_service.errors import GrmError, ServiceUnavailable, TooLarge
+from grm_service.gateway.edge.admission import Asker
+from grm_service.gateway.edge.bad_json import invalid_json
+from grm_service.gateway.edge.guards import HEAD, read_body
 from grm_service.gateway.edge.head import Headers, RequestHead
 from grm_service.gateway.edge.replies import (
     Reply,
@@ -46,17 +51,15 @@ from grm_service.gateway.edge.replies import (
 )
 from grm_service.gateway.edge.rules import CHAT_RULES, CLASSIFY_RULES, NotPlain
 from grm_service.gateway.request import longstrings
+from grm_service.gateway.request.answer import Forwarded
 from grm_service.gateway.request.checkpoint import check_json_shape
-from grm_service.gateway.request.proxy import Gateway, forward, prepare
+from grm_service.gateway.request.proxy import forward, prepare
 from grm_service.gateway.service import Service
 from grm_service.ledger.records import Origin
 from grm_service.scoring.send import pooling_body
 
 CHAT = "/v1/chat/completions"
 CLASSIFY = "/classify"
-# Set in the ASGI scope by the protocol (edge/protocol.py), so that admission runs once:
-# `admit`'s answer (a Gateway, or None: left to FastAPI). `HEAD` is the parsed head.
-ADMITTED = "grm.admitted"
 
 
 # ---- parse ----------------------------------------------------------------------------------
@@ -108,7 +111,7 @@ def _bounded(raw: bytes | bytearray, max_depth: int, max_values: int,
 def parse(raw: bytes | bytearray, max_depth: int,
           max_values: int) -> tuple[Any, longstrings.Lifted | None]:
     """The body within the shape bounds, as Python values, and the long strings lifted out of
-    its parse; NotPlain where FastAPI must take it."""
+    its parse; NotPlain where the fast parsers do not take it (`HotPath._parse` then decides)."""
     # One pass for a backslash, which the surrogate check and the parse both ask about, and one
     # for the strings, which the shape bound and the parse both need.
     escaped = raw.find(b"\\") >= 0
@@ -117,23 +120,20 @@ def parse(raw: bytes | bytearray, max_depth: int,
     return load_json(raw, lifted, escaped, strings), lifted
 
 
-# ---- the ASGI app ---------------------------------------------------------------------------
+# ---- the door -------------------------------------------------------------------------------
 
 class HotPath:
-    """ASGI app: serves the hot routes itself and passes every other request to `app`.
-
-    A server can also call `admit` and `serve` directly, without ASGI messages
-    (`edge/protocol.py` does, for the one-write exchange)."""
+    """The one door of the hot routes: `serve` answers every request to them, refusals
+    included. As an ASGI app it is a thin adapter over `serve`, and passes every other request
+    to `app`; the protocol (`edge/protocol.py`, the one-write exchange) and the FastAPI routes
+    (there for the OpenAPI schema) call `serve` too."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app = app
         self.service = service
         self.requests = service.requests
-        settings = service.settings
-        self.limit = settings.max_body_bytes
-        self.max_depth = settings.max_json_depth
-        self.max_values = settings.max_json_values
-        self.keys = [key.encode() for key in settings.all_api_keys()]
+        self.admission = service.admission
+        self.settings = service.settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
@@ -141,89 +141,73 @@ class HotPath:
             await self.app(scope, receive, send)
             return
         head = scope.get(HEAD) or RequestHead(scope["headers"])
-        gw = scope[ADMITTED] if ADMITTED in scope else self.admit(head)
-        if gw is None:
-            await self.app(scope, receive, send)  # FastAPI words the refusal
-            return
-        chunks, complete = await self._read(receive)
-        if not complete:
-            await self.app(scope, _replay(chunks, receive, complete=False), send)
-            return
-        reply = await self.serve(path, gw, head, b"".join(chunks))
-        if reply is None:
-            await self.app(scope, _replay(chunks, receive, complete=True), send)
-            return
-        await send_reply(send, reply)
+        body: bytes | None = b""  # refused from its head: answered without reading the body
+        if isinstance(self.admission.admit(head, path), Asker):
+            body = await read_body(receive, self.admission.limit)
+        if body is not None:  # else the client went away
+            await send_reply(send, await self.serve(path, head, body))
 
-    def admit(self, head: RequestHead) -> Gateway | None:
-        """The gateway, when the hot path may read the request's body; None leaves it to
-        FastAPI (no gateway yet, a refused key, a repeated header, not JSON, too large)."""
-        gw = self.service.gateway
-        refused = self.keys and not key_ok(head.authorization, self.keys)
-        if gw is None or refused or head.repeated or not head.json:
-            return None
-        return gw if head.content_length <= self.limit else None
-
-    async def serve(self, path: str, gw: Gateway, head: RequestHead,
-                    raw: bytes | bytearray) -> Reply | None:
-        """The answer to an admitted request whose whole body is `raw`; None when FastAPI must
-        take it (a body that does not parse)."""
+    async def serve(self, path: str, head: RequestHead, raw: bytes | bytearray) -> Reply:
+        """The answer to a request to `path` (`CHAT` or `CLASSIFY`) whose head is `head` and
+        whose body, as read, is `raw` (longer than the body limit: too large)."""
         start = time.perf_counter()
+        replica = ""
         try:
-            body, lifted = parse(raw, self.max_depth, self.max_values)
-        except NotPlain:
-            return None
-        try:
-            if path == CHAT:
-                prepared = prepare(CHAT_RULES.apply(body), gw.path_settings)
+            asker = self.admission.admit(head, path)
+            if not isinstance(asker, Asker):
+                reply = asker
             else:
-                prepared = pooling_body(CLASSIFY_RULES.apply(body), gw.path_settings.model_name)
-            # The checkpoint runs inside `forward`, on the body as prepared: one place for all
-            # paths.
-            answer = await forward(gw, path, prepared, head.pin, lifted=lifted,
-                                   origin=_origin(head, path))
+                answer = await self._forward(path, head, asker, raw)
+                reply, replica = answer_reply(answer), answer.fields["replica"]
         except ValidationError as err:
-            reply, replica = validation_reply(err.errors()), ""
+            reply = validation_reply(err.errors())
         except GrmError as err:
-            reply, replica = error_reply(err), ""
-        else:
-            reply, replica = answer_reply(answer), answer.fields["replica"]
+            reply = error_reply(err)
         self.requests.record(path, reply[0], replica, time.perf_counter() - start)
         return reply
 
-    async def _read(self, receive: Receive) -> tuple[list[bytes], bool]:
-        """The body's chunks, and whether it ended within the limit (else FastAPI refuses it)."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return chunks, False
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self.limit:
-                return chunks, False
-            if not message.get("more_body", False):
-                return chunks, True
+    async def _forward(self, path: str, head: RequestHead, asker: Asker,
+                       raw: bytes | bytearray) -> Forwarded:
+        gw = self.service.gateway
+        if gw is None:
+            raise self.service.refusals.refuse("starting", starting())
+        limit = self.admission.limit
+        if len(raw) > limit:
+            raise TooLarge(f"body exceeds the limit of {limit} bytes")
+        body, lifted = self._parse(head, raw)
+        if path == CHAT:
+            prepared = prepare(CHAT_RULES.apply(body), gw.path_settings)
+        else:
+            prepared = pooling_body(CLASSIFY_RULES.apply(body), gw.path_settings.model_name)
+        # The checkpoint runs inside `forward`, on the body as prepared: one place for all paths.
+        origin = Origin.of(path, asker.key, head.run, head.step)
+        return await forward(gw, path, prepared, head.pin, lifted=lifted, origin=origin)
+
+    def _parse(self, head: RequestHead,
+               raw: bytes | bytearray) -> tuple[Any, longstrings.Lifted | None]:
+        """The body as the rules take it; a GrmError (400) where it is not JSON or past the
+        shape bounds."""
+        if not head.json:
+            return bytes(raw), None  # as FastAPI hands such a body on: pydantic refuses it
+        settings = self.settings
+        try:
+            return parse(raw, settings.max_json_depth, settings.max_json_values)
+        except NotPlain:
+            pass
+        check_json_shape(raw, settings.max_json_depth, settings.max_json_values)
+        # What the fast parsers leave (non-finite numbers, a byte order mark, ...) is parsed as
+        # FastAPI parses a body; what it refuses too is worded from its bytes.
+        try:
+            return json.loads(raw), None
+        except ValueError:
+            raise invalid_json(bytes(raw)) from None
 
 
-def _origin(head: RequestHead, route: str) -> Origin:
-    """Who asks (the API key's id) and the client's run and step tags, for the ledger."""
-    return Origin.of(route, presented_key(head.authorization), head.run, head.step)
+def starting() -> ServiceUnavailable:
+    """The refusal of a request that comes before the lifespan built the request side."""
+    return ServiceUnavailable("the gateway is starting (its replicas are not looked at yet): "
+                              "retry in a second; GET /ready says when it serves",
+                              retry_after=1)
 
 
-def _replay(chunks: list[bytes], receive: Receive, complete: bool) -> Receive:
-    """A `receive` that gives the body read so far again, then whatever is left."""
-    pending = [b"".join(chunks)] if complete else list(chunks)
-
-    async def replayed() -> Message:
-        if pending:
-            chunk = pending.pop(0)
-            return {"type": "http.request", "body": chunk, "more_body": not complete}
-        return await receive()
-
-    return replayed
-
-
-__all__ = ["ADMITTED", "CHAT", "CLASSIFY", "HEAD", "Headers", "HotPath", "Reply", "load_json"]
+__all__ = ["CHAT", "CLASSIFY", "HEAD", "Headers", "HotPath", "Reply", "load_json"]

@@ -6,6 +6,13 @@ open connections, time per phase of a request, and request bytes in flight.
   does not hold a file descriptor for ever.
 - A request's headers must arrive within `header_timeout_s` of its first byte, and its body
   within `body_timeout_s` of its headers (slow-loris clients); late ones get a 408 and a close.
+- A refusal sent before the body was read (the byte budget's 503, an upgrade's 400) is
+  followed by a lingering close, nginx's way: the gateway stops writing, then reads and drops
+  what the client still sends, and closes: past the body's declared length (a chunked one's:
+  `max_body_bytes`), after `linger_s` without a byte, or `body_timeout_s` after the refusal,
+  whichever comes first (nginx's `lingering_timeout` and `lingering_time`). Closed
+  at once, the socket would answer the client's next bytes with a reset, and the client's
+  kernel would drop the refusal it had not read yet.
 - At most `max_connections` are open; one more is answered 503 and closed at once.
 - Request bodies in flight (received, not yet answered) are bounded by `max_bytes_in_flight`:
   a request whose declared length would pass it gets 503 with Retry-After before its body is
@@ -47,10 +54,13 @@ class EdgeLimits:
         self.idle_s = float(settings.keep_alive_s)
         self.header_s = settings.header_timeout_s
         self.body_s = settings.body_timeout_s
+        self.linger_s = settings.linger_s
+        self.linger_bytes = settings.max_body_bytes
         self.max_connections = settings.max_connections
         self.budget = settings.max_bytes_in_flight
         self.keep_bytes = settings.malloc_keep_bytes
-        self.tick_s = min(1.0, self.idle_s / 4, self.header_s / 4, self.body_s / 4)
+        self.tick_s = min(1.0, self.idle_s / 4, self.header_s / 4, self.body_s / 4,
+                          self.linger_s / 4)
         self.open: set[Expiring] = set()
         self.now = time.monotonic()  # as of the last sweep: what deadlines are set from
         self.in_flight = 0

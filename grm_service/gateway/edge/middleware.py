@@ -40,11 +40,14 @@ class RequestMetrics:
 
 class MetricsMiddleware:
     """Around the FastAPI app: the route template, the status sent and the replica header; a
-    failed handler counts as 500."""
+    failed handler counts as 500. The routes in `served` count their own answers (the hot
+    routes: `HotPath.serve` counts every answer it gives, whichever edge asked)."""
 
-    def __init__(self, app: ASGIApp, requests: RequestMetrics) -> None:
+    def __init__(self, app: ASGIApp, requests: RequestMetrics,
+                 served: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.requests = requests
+        self.served = served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,4 +71,5 @@ class MetricsMiddleware:
             path = route.path if isinstance(route, Route) else "unmatched"
             status, replica = seen
             assert isinstance(status, int) and isinstance(replica, str)
-            self.requests.record(path, status, replica, time.perf_counter() - start)
+            if path not in self.served:
+                self.requests.record(path, status, replica, time.perf_counter() - start)

@@ -6,16 +6,16 @@ Why: uvicorn writes a response's head and body in two `send` calls, and an ASGI 
 message dicts, receive/send coroutines and a cycle object per request; on the gateway's hot path
 that was a large share of the CPU per request (benchmarks/RESULTS.md, issue 14). Here the
 protocol hands the body to `HotPath.serve` and writes the reply it returns. The rest of a large
-body (an image) is read by the transport straight into one buffer (`_BodyReader`), not copied
-three times on its way through uvloop, the parser and a join.
+body (an image) is read by the transport straight into one buffer (`body_reads.BodyReader`),
+not copied three times on its way through uvloop, the parser and a join.
 
 Taken this way only: `POST` to a hot route, HTTP/1.x, a Content-Length within the body limit,
-no `Expect: 100-continue`, no earlier request of the connection still in flight, a request
-`HotPath.admit` takes (key, content type, size, no repeated header), an app that is the
-`HotPath` itself (no uvicorn middleware around it, as with proxy headers) and no access log.
-Anything else goes through uvicorn unchanged. A body `HotPath.serve` leaves to FastAPI gets a
-uvicorn cycle of its own, body included. Pipelined requests behind a hot one wait in uvicorn's
-own pipeline queue (the exchange stands in as the in-flight cycle).
+no `Expect: 100-continue`, no earlier request of the connection still in flight, an app that is
+the `HotPath` itself (no uvicorn middleware around it, as with proxy headers) and no access log.
+Anything else goes through uvicorn unchanged, to the same `HotPath.serve` through its ASGI
+adapter. `serve` answers every request it is given, refusals included: nothing goes back from
+the exchange into uvicorn's cycle. Pipelined requests behind a hot one wait in uvicorn's own
+pipeline queue (the exchange stands in as the in-flight cycle).
 
 Both classes lean on uvicorn's private protocol: `protocol_check.py` checks what they use at
 start-up and falls back (pyproject bounds uvicorn's version).
@@ -24,31 +24,29 @@ start-up and falls back (pyproject bounds uvicorn's version).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import math
-from typing import Any, cast
 
 import httptools
-from uvicorn._types import ASGI3Application, HTTPScope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from grm_service.errors import BadHeader, EdgeFull, RequestTimeout
+from grm_service.gateway.edge.body_reads import BodyReader, Linger, body_buffer
 from grm_service.gateway.edge.head import RequestHead
-from grm_service.gateway.edge.hotpath import ADMITTED, CHAT, CLASSIFY, HEAD, HotPath
+from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HEAD, HotPath
 from grm_service.gateway.edge.limits import EdgeLimits
 from grm_service.gateway.edge.replies import Reply, error_reply, header_lines, wire
-from grm_service.gateway.request.proxy import Gateway
 
 log = logging.getLogger(__name__)
 
-_HOT_URLS = frozenset({CHAT.encode(), CLASSIFY.encode()})
+_CHAT_URL = CHAT.encode()
+_HOT_URLS = frozenset({_CHAT_URL, CLASSIFY.encode()})
 _FAILED: Reply = (500, [(b"content-length", b"21")], b"Internal Server Error")
 # Phases of the request a connection is in; the deadline of each is in limits.py.
-_IDLE, _HEADERS, _BODY, _BUSY, _DRAIN = range(5)
+_IDLE, _HEADERS, _BODY, _BUSY, _DRAIN, _LINGER = range(6)
 # A hot body with at least this much still to come after the read that ended its headers is
-# read by the transport straight into one buffer (`_BodyReader`); a smaller rest goes through
-# the parser, whose copies of it cost less than switching the connection's protocol.
+# read by the transport straight into one buffer (`body_reads.BodyReader`); a smaller rest goes
+# through the parser, whose copies of it cost less than switching the connection's protocol.
 DIRECT_READ_BYTES = 16 << 10
 
 
@@ -84,7 +82,8 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def expire(self) -> None:
-        """Past the deadline of the phase: a 408 while a request is being read, else a close."""
+        """Past the deadline of the phase: a 408 while a request is being read, else a close
+        (a lingering one's too)."""
         if self._phase in (_HEADERS, _BODY):
             self._refuse(error_reply(RequestTimeout(
                 "the request did not arrive in time (headers: "
@@ -92,16 +91,29 @@ class EdgeProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()
 
-    def _refuse(self, answer: Reply) -> None:
+    def _refuse(self, answer: Reply, linger: int | None = None) -> None:
+        """Answer and close. `linger`: the body may still be on its way, and the close lingers
+        (limits.py says why) until this many more bytes came in, nothing came for `linger_s`,
+        or `body_timeout_s` passed."""
         self._refused = True
-        if not self.transport.is_closing():
-            self.transport.write(wire(answer, self.default_lines(), keep_alive=False))
-            self.transport.close()
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(wire(answer, self.default_lines(), keep_alive=False))
+        if linger is None or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the client reads the answer, then the end
+        limits = self.limits
+        self._phase = _LINGER
+        # From the next read on (the parser may still be handed the rest of this one).
+        transport.set_protocol(Linger(self, linger, limits.now + limits.body_s))
+        self.flow.resume_reading()
 
-    def _refuse_busy(self, reason: str, message: str) -> None:
+    def _refuse_busy(self, reason: str, message: str, linger: int | None = None) -> None:
         """A 503 with Retry-After for want of room, counted and logged (`Refusals`)."""
         self.limits.refusals.note(reason, 503, message)
-        self._refuse(error_reply(EdgeFull(message, retry_after=1)))
+        self._refuse(error_reply(EdgeFull(message, retry_after=1)), linger)
 
     def default_lines(self) -> bytes:
         """uvicorn's default headers (date, server) as header lines; uvicorn replaces the list
@@ -137,12 +149,12 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.parser.should_upgrade():
             self._refuse(error_reply(BadHeader("Upgrade is not supported here: send the "
                                                "request without 'Upgrade' and 'Connection: "
-                                               "upgrade'")))
+                                               "upgrade'")), self._body_left(head))
         elif size > limits.budget - limits.in_flight:
             self._refuse_busy("bytes_in_flight", f"{limits.in_flight} request bytes in flight "
                               f"and this body's {size} would pass GRM_MAX_BYTES_IN_FLIGHT="
                               f"{limits.budget}: retry later; raise GRM_MAX_BYTES_IN_FLIGHT or "
-                              "send smaller bodies")
+                              "send smaller bodies", self._body_left(head))
         else:
             limits.in_flight += size  # `limits.take`, inlined: the room is checked above
             limits.moved += size
@@ -151,6 +163,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self._phase, self.deadline = _BODY, limits.now + limits.body_s
             self.scope[HEAD] = head  # type: ignore[literal-required]
             self.start(head)
+
+    def _body_left(self, head: RequestHead) -> int:
+        """What a refused request may still send: its declared body, else (chunked) as much as
+        the largest body taken."""
+        return head.content_length if head.content_length >= 0 else self.limits.linger_bytes
 
     def start(self, head: RequestHead) -> None:
         """Run the request whose headers were just read."""
@@ -168,7 +185,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if not self.limits.take(size):
             self._refuse_busy("bytes_in_flight", "the request bytes in flight reached "
                               f"GRM_MAX_BYTES_IN_FLIGHT={self.limits.budget}: retry later; "
-                              "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies")
+                              "raise GRM_MAX_BYTES_IN_FLIGHT or send smaller bodies",
+                              self.limits.linger_bytes)
             return
         self._reserved[-1] += size
 
@@ -208,14 +226,12 @@ class _Exchange:
     the attributes the protocol reads from one (`response_complete`, `keep_alive`,
     `disconnected`, `message_event`)."""
 
-    def __init__(self, proto: HotHttpProtocol, hot: HotPath, gw: Gateway, head: RequestHead,
-                 scope: dict[str, Any], keep_alive: bool) -> None:
+    def __init__(self, proto: HotHttpProtocol, hot: HotPath, head: RequestHead, path: str,
+                 keep_alive: bool) -> None:
         self.proto = proto
         self.hot = hot
-        self.gw = gw
         self.head = head
-        self.scope = scope  # uvicorn's, for a body that goes to FastAPI after all
-        self.path = CHAT if scope["path"] == CHAT else CLASSIFY
+        self.path = path
         self.keep_alive = keep_alive
         self.chunks: list[bytes | bytearray] = []
         self.left = head.content_length  # body bytes still to come
@@ -234,11 +250,7 @@ class _Exchange:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks = []  # the body is held once, by `body`, while the request runs
         try:
-            reply = await self.hot.serve(self.path, self.gw, self.head, body)
-            if reply is None:
-                await self._to_fastapi(body)
-            else:
-                self._write(reply)
+            self._write(await self.hot.serve(self.path, self.head, body))
         except Exception:
             log.exception("exception in the hot path")
             if not self.response_complete:
@@ -258,94 +270,6 @@ class _Exchange:
             proto.on_response_complete()
         else:
             proto.transport.close()
-
-    async def _to_fastapi(self, body: bytes | bytearray) -> None:
-        """The request as uvicorn would have run it: its scope, its cycle, the body given."""
-        proto = self.proto
-        given = asyncio.Event()
-        given.set()  # the body is all here: the app's first receive() returns it at once
-        cycle = RequestResponseCycle(
-            scope=cast(HTTPScope, self.scope), transport=proto.transport, flow=proto.flow,
-            logger=proto.logger, access_logger=proto.access_logger, access_log=proto.access_log,
-            default_headers=proto.server_state.default_headers, message_event=given,
-            expect_100_continue=False, keep_alive=self.keep_alive,
-            on_response=proto.on_response_complete)
-        cycle.body, cycle.more_body = bytearray(body), False
-        cycle.disconnected = self.disconnected
-        # The protocol tells the cycle in flight of a disconnect or a shutdown; a pipelined
-        # request may already be the current cycle, then it stays so.
-        if proto.cycle is cast(Any, self):
-            proto.cycle = cycle
-        self.response_complete = True
-        await cycle.run_asgi(cast(ASGI3Application, self.hot.app))
-
-
-class _BodyReader(asyncio.BufferedProtocol):
-    """The connection's protocol while the rest of a hot body is read into `buffer`; it hands
-    the connection back once the body is whole, and reads nothing past it (each read is given
-    the body's missing bytes only, so a pipelined request stays in the socket)."""
-
-    def __init__(self, owner: HotHttpProtocol, exchange: _Exchange, buffer: bytearray,
-                 filled: int) -> None:
-        self.owner, self.exchange = owner, exchange
-        self.view, self.filled = memoryview(buffer), filled
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.view[self.filled:]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.filled += nbytes
-        if self.filled == len(self.view):
-            self.owner.body_read(self.exchange)
-
-    def eof_received(self) -> None:
-        self.owner.eof_received()  # uvicorn's: nothing, so the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.owner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.owner.resume_writing()
-
-
-# CPython's own constructor, given no bytes to copy, leaves the new buffer's contents as the
-# allocator gives them: `bytearray(n)` would zero megabytes that the reads overwrite at once.
-_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
-_new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-_new_bytearray.restype = ctypes.py_object
-
-
-def _unfilled(size: int) -> bytearray:
-    """A bytearray of `size` bytes, not zeroed: every byte is written before it is read."""
-    buffer = _new_bytearray(None, size)
-    assert isinstance(buffer, bytearray)
-    return buffer
-
-
-# The parse makes a `str` of an image's data URL (`longstrings.loads`). CPython's ASCII decoder
-# copies word by word, checking as it copies, only where the text starts on a word boundary;
-# elsewhere it checks the whole text, then copies it (the parse's lift of a 2.7 MB page scan:
-# ~290 against ~210 us, benchmarks/RESULTS.md). The body's buffer is placed to give the first
-# data URL that start.
-_WORD = 8
-_DATA_URL = b'"data:'
-
-
-def body_buffer(size: int, first: bytes | bytearray) -> bytearray:
-    """An unfilled buffer for a body of `size` bytes whose first read is `first`, placed so that
-    the text of the first data URL in `first` (if any) starts on a word boundary."""
-    at = first.find(_DATA_URL)
-    if at < 0:
-        return _unfilled(size)
-    buffer = _unfilled(size + _WORD)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    # O(1): CPython drops a bytearray's first bytes by moving its start, not its contents.
-    del buffer[:(-(base + at + 1)) % _WORD]
-    del buffer[size:]
-    return buffer
 
 
 class HotHttpProtocol(EdgeProtocol):
@@ -372,25 +296,13 @@ class HotHttpProtocol(EdgeProtocol):
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None  # pipelined behind a request in flight: uvicorn queues it
-        gw = hot.admit(head)
-        self.scope[ADMITTED] = gw  # type: ignore[literal-required]
         # No Content-Length (chunked) or a larger one: uvicorn reads what there is.
-        if gw is None or not 0 <= head.content_length <= self.body_limit:
+        if not 0 <= head.content_length <= self.body_limit:
             return None
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive()
-        return _Exchange(self, hot, gw, head, self._fill_scope(version), keep_alive)
-
-    def _fill_scope(self, version: str) -> dict[str, Any]:
-        """What uvicorn's `on_headers_complete` adds to the scope (root_path is empty here)."""
-        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-        scope["method"] = "POST"
-        scope["http_version"] = version
-        parsed = httptools.parse_url(self.url)
-        scope["path"] = parsed.path.decode("ascii")
-        scope["raw_path"] = parsed.path
-        scope["query_string"] = parsed.query or b""
-        return scope
+        path = CHAT if self.url.split(b"?", 1)[0] == _CHAT_URL else CLASSIFY
+        return _Exchange(self, hot, head, path, keep_alive)
 
     def on_body(self, body: bytes) -> None:
         exchange = self.cycle
@@ -418,11 +330,11 @@ class HotHttpProtocol(EdgeProtocol):
         exchange.chunks = [buffer]
         # Both loops give the reads to the protocol set from the next one on (uvloop
         # rebinds its read callbacks): `test_protocol.py` checks it on a real socket.
-        transport.set_protocol(_BodyReader(self, exchange, buffer, filled))
+        transport.set_protocol(BodyReader(self, exchange, buffer, filled))
 
     def body_read(self, exchange: _Exchange) -> None:
-        """The body is whole (`_BodyReader`): the connection is this protocol's again, read by
-        a fresh parser (the one before still waits for the body), as uvicorn makes it."""
+        """The body is whole (`body_reads.BodyReader`): the connection is this protocol's again,
+        read by a fresh parser (the one before still waits for the body), as uvicorn makes it."""
         exchange.left = 0
         self.parser = httptools.HttpRequestParser(self)
         self.transport.set_protocol(self)

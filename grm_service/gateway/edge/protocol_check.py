@@ -2,10 +2,11 @@
 protocol it leads to.
 
 `protocol.py` subclasses uvicorn's private httptools protocol: it reads attributes uvicorn sets
-per connection and per request, overrides parser callbacks, and builds a `RequestResponseCycle`
-by keyword. pyproject bounds uvicorn's version; this check is for an install outside the bound,
-or a release inside it that changed them. It builds a real protocol on a stand-in transport and
-looks for each name, so a renamed attribute is found before the first request:
+per connection and per request, and overrides parser callbacks (it builds none of uvicorn's
+cycles: the hot exchange never hands a request back to uvicorn). pyproject bounds uvicorn's
+version; this check is for an install outside the bound, or a release inside it that changed
+them. It builds a real protocol on a stand-in transport and looks for each name, so a renamed
+attribute is found before the first request:
 
 - all present: `HotHttpProtocol` (the one-write exchange and the edge's limits);
 - the exchange's needs missing: `EdgeProtocol` (limits only; the hot routes go through ASGI);
@@ -18,12 +19,11 @@ Either fallback says so in one log line.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
@@ -36,13 +36,9 @@ EDGE_NEEDS = ("connection_made", "connection_lost", "data_received", "on_message
               "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
               "transport", "headers", "parser", "scope", "server_state", "ws_protocol_class",
               "flow", "pipeline", "_start_asgi_task")
-# What the one-write exchange reads besides, and the cycle it builds for FastAPI.
-HOT_NEEDS = ("app", "url", "cycle", "tasks", "loop", "logger", "access_logger",
-             "access_log", "root_path", "expect_100_continue")
-CYCLE_KEYWORDS = ("scope", "transport", "flow", "logger", "access_logger", "access_log",
-                  "default_headers", "message_event", "expect_100_continue", "keep_alive",
-                  "on_response")
-CYCLE_NEEDS = ("body", "more_body", "disconnected", "response_complete", "run_asgi")
+# What the one-write exchange reads besides.
+HOT_NEEDS = ("app", "url", "cycle", "tasks", "loop", "access_log", "root_path",
+             "expect_100_continue")
 
 
 class _Transport(asyncio.Transport):
@@ -54,8 +50,8 @@ async def _noop(scope: Any, receive: Any, send: Any) -> None:
     return None
 
 
-def missing(protocol: type[HttpToolsProtocol] = HttpToolsProtocol,
-            cycle: type[Any] = RequestResponseCycle) -> tuple[list[str], list[str]]:
+def missing(protocol: type[HttpToolsProtocol] = HttpToolsProtocol
+            ) -> tuple[list[str], list[str]]:
     """(what EdgeProtocol needs and is missing, what the exchange needs and is missing)."""
     loop = asyncio.new_event_loop()
     try:
@@ -69,23 +65,7 @@ def missing(protocol: type[HttpToolsProtocol] = HttpToolsProtocol,
         return [f"{protocol.__name__}: {err!r}"], []
     finally:
         loop.close()
-    return edge, hot + _cycle_missing(cycle, proto)
-
-
-def _cycle_missing(cycle: type[Any], proto: HttpToolsProtocol) -> list[str]:
-    accepted = inspect.signature(cycle).parameters
-    absent = [f"RequestResponseCycle({name}=)" for name in CYCLE_KEYWORDS
-              if name not in accepted]
-    if absent:
-        return absent
-    try:
-        built = cycle(scope=proto.scope, transport=proto.transport, flow=proto.flow,
-                      logger=proto.logger, access_logger=proto.access_logger,
-                      access_log=False, default_headers=[], message_event=asyncio.Event(),
-                      expect_100_continue=False, keep_alive=True, on_response=lambda: None)
-    except Exception as err:
-        return [f"RequestResponseCycle: {err!r}"]
-    return [f"RequestResponseCycle.{name}" for name in CYCLE_NEEDS if not hasattr(built, name)]
+    return edge, hot
 
 
 def protocol_for(service: Service,

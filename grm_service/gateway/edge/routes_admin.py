@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from grm_service.gateway.edge.deps import gateway
-from grm_service.gateway.edge.guards import AUTHORIZED
+from grm_service.gateway.edge.guards import asker_of
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.replicas.identity import IdentityReport
 
@@ -31,7 +31,7 @@ async def ready(request: Request, gw: GatewayDep) -> JSONResponse:
         gw.look()
     ok = bool(gw.pool.ready()) and not gw.draining
     status = 200 if ok else 503
-    if not request.scope.get("state", {}).get(AUTHORIZED, False):
+    if not asker_of(request.scope).authorized:
         return JSONResponse({"ready": ok}, status_code=status)
     replicas = [
         {"name": r.name, "state": r.state, "url": r.url, "restarts": r.restarts,

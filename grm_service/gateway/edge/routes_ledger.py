@@ -14,7 +14,7 @@ from pydantic import BeforeValidator
 from grm_service.digits import is_decimal
 from grm_service.errors import InvalidRequest, NotFound
 from grm_service.gateway.edge.deps import gateway
-from grm_service.gateway.edge.guards import presented_key
+from grm_service.gateway.edge.guards import asker_of
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.ledger.book import Ledger
 from grm_service.ledger.query import PAGE, detail, export_rows, parse_steps, summary
@@ -49,7 +49,7 @@ def _key(request: Request, gw: Gateway) -> str | None:
     """The caller's key id; None (every record) where the service has no keys."""
     if not gw.settings.api_keys and gw.settings.api_keys_file is None:
         return None
-    return key_id(presented_key(request.headers.get("authorization", "").encode("latin-1")))
+    return key_id(asker_of(request.scope).key)
 
 
 def _selection(request: Request, gw: Gateway, run: str | None, steps: str | None,

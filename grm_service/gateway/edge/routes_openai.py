@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
+from grm_service.gateway.edge.deps import gateway, hot_door, origin, pinned_replica
+from grm_service.gateway.edge.hotpath import CHAT
 from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
-from grm_service.gateway.edge.schemas import ChatCompletionRequest, ResponsesRequest
+from grm_service.gateway.edge.schemas import ChatCompletionRequest, ResponsesRequest, body_schema
 from grm_service.gateway.request.checkpoint import RESPONSES_PATH
 from grm_service.gateway.request.proxy import RESPONSES_TOKENS, Gateway, forward, prepare
 from grm_service.ledger.records import Origin
@@ -21,12 +22,10 @@ PinDep = Annotated[str | None, Depends(pinned_replica)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, pin: PinDep,
-                           asker: OriginDep) -> Response:
-    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.path_settings)
-    forwarded = await forward(gw, "/v1/chat/completions", body, pin, origin=asker)
-    return ReplyResponse(answer_reply(forwarded))
+@router.post(CHAT, openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_completions(request: Request) -> Response:
+    """OpenAI's chat completion, answered by the hot path's one door (`HotPath.serve`)."""
+    return await hot_door(request, CHAT)
 
 
 @router.post("/v1/responses")

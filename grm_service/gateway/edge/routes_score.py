@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from grm_service.errors import TooLarge
-from grm_service.gateway.edge.deps import gateway, origin, pinned_replica
-from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
-from grm_service.gateway.edge.schemas import ClassifyRequest
+from grm_service.gateway.edge.deps import gateway, hot_door, origin
+from grm_service.gateway.edge.hotpath import CLASSIFY
+from grm_service.gateway.edge.schemas import ClassifyRequest, body_schema
 from grm_service.gateway.edge.score_body import read_score_request
 from grm_service.gateway.request import checkpoint
-from grm_service.gateway.request.proxy import Gateway, forward
+from grm_service.gateway.request.proxy import Gateway
 from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
@@ -21,12 +21,11 @@ from grm_service.scoring.groups.scorer import GroupScorer
 from grm_service.scoring.groups.seam import Holder
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
 from grm_service.scoring.registry import check_request, lookup
-from grm_service.scoring.send import make_send, pooling_body
+from grm_service.scoring.send import make_send
 
 router = APIRouter()
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
-PinDep = Annotated[str | None, Depends(pinned_replica)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
 
@@ -91,12 +90,8 @@ async def score(request: Request, gw: GatewayDep, asker: OriginDep) -> Response:
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
-@router.post("/classify")
-async def classify(
-    req: ClassifyRequest, gw: GatewayDep, pin: PinDep, asker: OriginDep
-) -> Response:
-    """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint`."""
-    body = pooling_body(req.model_dump(exclude_unset=True, mode="json"),
-                        gw.path_settings.model_name)
-    forwarded = await forward(gw, "/classify", body, pin, origin=asker)
-    return ReplyResponse(answer_reply(forwarded))
+@router.post(CLASSIFY, openapi_extra=body_schema(ClassifyRequest))
+async def classify(request: Request) -> Response:
+    """vLLM's `/classify`, run alone on its replica, answered with `grm_fingerprint` by the hot
+    path's one door (`HotPath.serve`)."""
+    return await hot_door(request, CLASSIFY)

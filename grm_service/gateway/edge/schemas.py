@@ -46,3 +46,11 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     stream: bool | None = None
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its own body and validates it by
+    `model` (the hot routes: `HotPath.serve`)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": schema}}}}

@@ -12,7 +12,8 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from grm_service.config import Settings
-from grm_service.gateway.edge.guards import AUTHORIZED, Guards, key_ok, presented_key
+from grm_service.gateway.edge.admission import Admission, key_ok, presented_key
+from grm_service.gateway.edge.guards import Guards, asker_of
 
 
 def basic(user: str, password: str) -> bytes:
@@ -34,13 +35,16 @@ def test_presented_key(header: bytes, key: bytes | None) -> None:
 
 def test_key_ok_accepts_any_listed_key_and_nothing_else() -> None:
     keys = [b"k1", b"k2"]
-    assert key_ok(b"Bearer k2", keys) and key_ok(basic("u", "k1"), keys)
-    assert not key_ok(b"Bearer k3", keys) and not key_ok(b"", keys)
-    assert not key_ok(b"Bearer k1x", keys)
+    def ok(header: bytes) -> bool:
+        return key_ok(presented_key(header), keys)
+
+    assert ok(b"Bearer k2") and ok(basic("u", "k1"))
+    assert not ok(b"Bearer k3") and not ok(b"") and not ok(b"Bearer k1x")
 
 
 class Inner:
-    """The app behind the guards: answers what it was given (body and the authorized flag)."""
+    """The app behind the guards: answers what it was given (body, and whether the asker is
+    authorized)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -53,7 +57,7 @@ class Inner:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         payload = json.dumps({"body": body.decode(),
-                              "authorized": scope["state"][AUTHORIZED]}).encode()
+                              "authorized": asker_of(scope).authorized}).encode()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": payload})
 
@@ -64,8 +68,8 @@ LIMIT = 200_000
 def guarded(inner: Inner, **settings: Any) -> httpx.AsyncClient:
     config = Settings(model="m", max_body_bytes=LIMIT, max_image_bytes=1000, max_json_depth=8,
                       **settings)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=Guards(inner, config)),
-                             base_url="http://gw")
+    guards = Guards(inner, config, Admission(config))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=guards), base_url="http://gw")
 
 
 async def test_keys_guard_every_path_but_health_ready_and_metrics() -> None:

@@ -1,9 +1,10 @@
 """The hot HTTP protocol on a mock asyncio transport: raw request bytes in through
 `data_received`, the bytes written to the transport read back.
 
-The `HotPath` in front is real (key, content type and size checks), with `serve` answering a
-canned reply so each test sets what the hot exchange gets; the app behind it echoes what reached
-it, so a request the exchange leaves to uvicorn shows up there, body included.
+The `HotPath` in front is real, its admission too (key, repeated headers, size), with `serve`
+answering a canned reply past admission so each test sets what the hot exchange gets; the app
+behind it echoes what reached it, so a request that went to FastAPI shows up there, body
+included (no hot request does: `serve` answers them all).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from grm_service.config import Settings
+from grm_service.gateway.edge.admission import Asker
+from grm_service.gateway.edge.body_reads import body_buffer
 from grm_service.gateway.edge.head import RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
-from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol, body_buffer
+from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
 from grm_service.gateway.edge.protocol_check import missing, protocol_for
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.upstream import Upstream
@@ -48,6 +51,7 @@ class Wire:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.eof = False  # the write side shut (a lingering close)
         self.protocol: asyncio.BaseProtocol | None = None
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
@@ -58,11 +62,17 @@ class Wire:
             name, default)
 
     def write(self, data: bytes) -> None:
-        assert not self.closed, "written after close"
+        assert not self.closed and not self.eof, "written after close"
         self.writes.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -79,19 +89,21 @@ class Wire:
 
 
 class Canned(HotPath):
-    """The real admission; `serve` records the body and answers `reply` (None: FastAPI's)."""
+    """The real admission; past it `serve` records the body and answers `reply`."""
 
     def __init__(self, app: Any, settings: Settings) -> None:
         service = Service(settings)
         service.start(Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
                               metrics=service.metrics, identity=ServiceIdentity(settings)))
         super().__init__(app, service)
-        self.reply: Reply | Exception | None = OK
+        self.reply: Reply | Exception = OK
         self.served: list[tuple[str, bytes]] = []
         self.hold: asyncio.Event | None = None
 
-    async def serve(self, path: str, gw: Gateway, head: RequestHead,
-                    raw: bytes) -> Reply | None:
+    async def serve(self, path: str, head: RequestHead, raw: bytes | bytearray) -> Reply:
+        verdict = self.admission.admit(head, path)
+        if not isinstance(verdict, Asker):
+            return verdict
         self.served.append((path, raw))
         if self.hold is not None:
             await self.hold.wait()
@@ -197,19 +209,6 @@ async def test_a_client_that_asks_for_close_gets_it(conn: Connection, version: s
     assert conn.wire.closed
 
 
-async def test_a_body_the_hot_path_leaves_goes_to_the_app_whole(conn: Connection) -> None:
-    conn.hot.reply = None
-    request = post(CHAT + "?x=1", b'{"messages": "not a list"}')
-    written = await conn.send(request[:-10], request[-10:])
-    assert conn.echo.seen == [("POST", CHAT, b'{"messages": "not a list"}')]
-    assert written.startswith(b"HTTP/1.1 201 Created\r\n")
-    assert written.endswith(json.dumps({"path": CHAT, "body": '{"messages": "not a list"}'})
-                            .encode())
-    assert not conn.wire.closed and conn.state.total_requests == 1
-    conn.hot.reply = OK
-    assert (await conn.send(post(CHAT, b"{}"))).endswith(b'{"ok":true}'), "connection reusable"
-
-
 @pytest.mark.parametrize("failure", [
     RuntimeError("boom"),
     None,  # a reply whose header value holds a CRLF: refused rather than split
@@ -229,9 +228,7 @@ async def test_a_failing_exchange_is_a_500_and_a_closed_connection(
 @pytest.mark.parametrize("request_bytes", [
     b"GET /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n\r\n",
     post("/v1/score", b"{}"),
-    post(CHAT, b"{}", content_type="text/plain"),  # HotPath.admit refuses it
-    post(CHAT, b"[" * (LIMIT + 1)),  # declared over the body limit
-], ids=["get", "score", "not-json", "too-large"])
+], ids=["get", "score"])
 async def test_requests_for_the_app_reach_it_through_uvicorn(
     conn: Connection, request_bytes: bytes
 ) -> None:
@@ -258,6 +255,17 @@ async def test_hot_requests_the_exchange_leaves_are_served_through_asgi(
     if b"expect" in request_bytes:
         assert written.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
     assert conn.echo.seen == []
+
+
+async def test_hot_requests_never_reach_the_app(conn: Connection) -> None:
+    """Not JSON: the exchange reads it and `serve` answers (here, its canned reply). Declared
+    over the body limit: uvicorn's cycle, where the door refuses it from its head, unread."""
+    plain = await conn.send(post(CHAT, b"{}", content_type="text/plain"))
+    assert plain == HEAD_OF_OK + b"\r\n" + b'{"ok":true}'
+    assert conn.hot.served == [(CHAT, b"{}")]
+    large = await conn.send(post(CHAT, b"[" * (LIMIT + 1)))
+    assert large.startswith(b"HTTP/1.1 413 ") and b"the limit is" in large
+    assert conn.echo.seen == [] and len(conn.hot.served) == 1
 
 
 async def test_with_an_access_log_the_exchange_steps_aside() -> None:
@@ -360,15 +368,6 @@ class Unpiped(HttpToolsProtocol):
         del self.cycle
 
 
-class Cycle:
-    """A RequestResponseCycle whose callback keyword was renamed."""
-
-    def __init__(self, scope: Any, transport: Any, flow: Any, logger: Any, access_logger: Any,
-                 access_log: bool, default_headers: Any, message_event: Any,
-                 expect_100_continue: bool, keep_alive: bool, on_response_complete: Any) -> None:
-        pass
-
-
 def test_the_check_finds_everything_in_the_installed_uvicorn() -> None:
     assert missing() == ([], [])
 
@@ -376,7 +375,6 @@ def test_the_check_finds_everything_in_the_installed_uvicorn() -> None:
 def test_the_check_names_what_a_changed_uvicorn_lacks() -> None:
     assert missing(Renamed) == (["headers"], [])
     assert missing(Unpiped) == ([], ["cycle"])
-    assert missing(cycle=Cycle) == ([], ["RequestResponseCycle(on_response=)"])
 
 
 @pytest.mark.parametrize(("check", "expected", "words"), [
@@ -441,6 +439,12 @@ async def test_a_body_over_the_byte_budget_is_refused_before_it_is_read() -> Non
         head = post(CHAT, b"").replace(b"content-length: 0", b"content-length: 101")
         written = await second.send(head)  # headers only: no byte of the body sent
         assert written.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in written
+        # A lingering close: the write side shut, the body the client still sends read and
+        # dropped, unparsed, and the connection closed at a byte past it.
+        assert second.wire.eof and not second.wire.closed
+        await second.send(b"{" * 60, b"\r\n\r\n" * 10, b"x")
+        assert second.wire.data == written and not second.wire.closed
+        hand_on(second.wire, b" ")
         assert second.wire.closed and len(hot.served) == 1
         hot.hold.set()
         await first.settled()
@@ -505,7 +509,7 @@ class _Reader(asyncio.BufferedProtocol):
 def test_a_connection_switched_to_a_buffered_reader_and_back_on_a_real_socket(
     new_loop: Any,
 ) -> None:
-    """What `_BodyReader` relies on: each loop gives a protocol set mid-connection the next
+    """What `BodyReader` relies on: each loop gives a protocol set mid-connection the next
     reads, a buffered one no further than the buffer it gave, and the bytes after it to the
     protocol set back."""
     size = 3 << 20
@@ -572,11 +576,40 @@ async def test_a_connection_over_the_open_bound_is_refused_503() -> None:
         third.close()
 
 
-async def test_a_repeated_singleton_header_is_left_to_the_app_which_refuses_it() -> None:
-    # The hot exchange does not answer it; the guards behind it refuse it (test_guards.py).
+async def test_a_repeated_singleton_header_is_refused_by_the_door() -> None:
     hot = limited()
     written, _ = await one_request(
         hot, post(CHAT, b"{}", "authorization: Bearer a", "authorization: Bearer b"))
-    assert written.startswith(b"HTTP/1.1 201 ") and hot.served == []
-    assert hot.app.seen == [("POST", CHAT, b"{}")]
+    assert written.startswith(b"HTTP/1.1 400 ") and b"sent more than once" in written
+    assert hot.served == [] and hot.app.seen == []
+
+
+async def until_closed(connection: Connection, feed: bool, within_s: float) -> float:
+    """Seconds until the connection closed, fed a byte every 20 ms if `feed`."""
+    start = asyncio.get_running_loop().time()
+    while not connection.wire.closed:
+        elapsed = asyncio.get_running_loop().time() - start
+        assert elapsed < within_s, "still open"
+        if feed:
+            hand_on(connection.wire, b" ")
+        await asyncio.sleep(0.02)
+    return asyncio.get_running_loop().time() - start
+
+
+@pytest.mark.parametrize("feed", [False, True], ids=["silent", "still sending"])
+async def test_a_lingering_connection_is_closed_when_idle_or_at_the_body_deadline(
+    feed: bool,
+) -> None:
+    """nginx's lingering_timeout (`linger_s` without a byte) and lingering_time (the body's
+    deadline, however much still comes)."""
+    hot = limited(max_bytes_in_flight=LIMIT, linger_s=0.2, body_timeout_s=1.0)
+    connection = Connection(hot, hot.app)
+    try:
+        head = post(CHAT, b"").replace(b"content-length: 0", b"content-length: 100000000")
+        assert (await connection.send(head)).startswith(b"HTTP/1.1 503 ")
+        assert connection.wire.eof and not connection.wire.closed
+        took = await until_closed(connection, feed, within_s=3.0)
+        assert (0.8 < took < 2.0) if feed else took < 0.8
+    finally:
+        connection.close()
 
