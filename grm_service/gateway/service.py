@@ -2,10 +2,10 @@
 every edge (the protocol, the hot path, the middleware, the FastAPI routes).
 
 What lives as long as the process is built here (the settings, the metrics registry and its one
-request-metrics path, the connection and body-byte limits of the edge, the held groups). What needs the event
-loop and the replicas (the keeper, the upstream pool, the auditor) is built by the lifespan,
-which hands its `Gateway`, the request side, to `start`; until then the hot path leaves every
-request to FastAPI, whose routes answer 503.
+request-metrics path, the connection and body-byte limits of the edge, the held groups, whose
+file the lifespan opens). What needs the event loop and the replicas (the keeper, the upstream
+pool, the auditor) is built by the lifespan, which hands its `Gateway`, the request side, to
+`start`; until then the hot path leaves every request to FastAPI, whose routes answer 503.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ class HeldGroups:
             # This waiter's request went away: the claim goes back at once, not a lease later.
             await asyncio.shield(self._call(self.store.release, group, self._me))
             raise
-        except Exception as err:  # noqa: BLE001 -- whatever the judge raised, every member hears it
+        except Exception as err:
             why = err.message if isinstance(err, GrmError) else repr(err)
             log.warning("judging held group %s failed: %s", label, why)
             await self._call(self.store.fail, group, self._me,
