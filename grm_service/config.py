@@ -174,9 +174,11 @@ class Settings(BaseSettings):
         "item came fails: each waiting item gets an error naming the group and how many of "
         "its items came.",
     )
+    # Measured (benchmarks/bench_groups_held.py): ~11 KiB of a process's RSS per group it has a
+    # request waiting for; the items themselves are in the file.
     group_max_open: int = Field(
-        50_000, ge=1, description="Groups held open at once; a new group past it -> 429 with "
-        "Retry-After (its items live in a file, their requests wait open).",
+        10_000, ge=1, description="Groups held open at once, by every worker; a new group past "
+        "it -> 429 with Retry-After.",
     )
     group_lease_s: float = Field(
         30.0, gt=0, description="The claim of the one waiter that judges a complete group, "

@@ -113,6 +113,10 @@ class HeldGroups:
             raise RuntimeError("HeldGroups.start was not awaited")
         return self._store
 
+    async def open_groups(self) -> int:
+        """Groups the service holds open, in every process (those GRM_GROUP_MAX_OPEN counts)."""
+        return await self._call(self.store.open_groups, self._clock())
+
     @property
     def waiting_groups(self) -> int:
         """Groups this process has waiters of (its only per-group memory)."""
@@ -122,9 +126,9 @@ class HeldGroups:
         self, group: str, size: int, members: list[ScoreItem], judge: Judge
     ) -> dict[str, ItemResult]:
         label = members[0].group_id or group
-        joining = [member(m) for m in members]
-        refused = await self._call(self.store.join, group, label, size, joining, self._clock())
-        self._wake(group)
+        # No wake-up: the joiner waits itself, and claims the group where its items filled it.
+        refused = await self._call(self.store.join, group, label, size,
+                                   [member(m) for m in members], self._clock())
         results = {i: error_result(i, why) for i, why in refused.items()}
         waiting = [m.id for m in members if m.id not in refused]
         if waiting:
@@ -173,7 +177,8 @@ class HeldGroups:
     async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
         # Bounded even where the watch missed nothing: a lost wake-up costs one lease at most.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), max(0.001, min(seconds, self.hold.lease_s)))
+            async with asyncio.timeout(max(0.001, min(seconds, self.hold.lease_s))):
+                await event.wait()  # no task of its own (wait_for's), per waiting request
 
     async def _claim_and_judge(self, group: str, label: str, judge: Judge) -> None:
         now = self._clock()
@@ -193,7 +198,7 @@ class HeldGroups:
             # This waiter's request went away: the claim goes back at once, not a lease later.
             await asyncio.shield(self._call(self.store.release, group, self._me))
             raise
-        except Exception as err:
+        except Exception as err:  # whatever the judge raised, every member hears it
             why = err.message if isinstance(err, GrmError) else repr(err)
             log.warning("judging held group %s failed: %s", label, why)
             await self._call(self.store.fail, group, self._me,
@@ -219,7 +224,7 @@ class HeldGroups:
     async def _look_for_changes(self) -> None:
         """Wake this process's waiters of the groups other processes wrote; drop stale groups
         now and then."""
-        seq, pruned = 0, self._clock()
+        seq, pruned = await self._call(self.store.clock), self._clock()
         while True:
             await asyncio.sleep(self.hold.poll_s)
             try:

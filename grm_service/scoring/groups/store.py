@@ -105,7 +105,7 @@ class GroupStore:
         except (sqlite3.Error, OSError) as err:
             raise ServiceUnavailable(f"held groups {path}: {err}") from err
         self._write(lambda: [self._db.execute(s) for s in _SCHEMA])
-        self._version = -1
+        (self._version,), = self._rows("PRAGMA data_version")
 
     def close(self) -> None:
         self._db.close()
@@ -261,6 +261,11 @@ class GroupStore:
                             f"WHERE grp = ? AND {when}", (error, now, group, *params)).rowcount:
             self._db.execute("UPDATE held_members SET item = '' WHERE grp = ?", (group,))
             self._tick(group)
+
+    def clock(self) -> int:
+        """The change count now: the groups written after it are `changed` since it."""
+        (n,), = self._rows("SELECT n FROM held_clock")
+        return int(n)
 
     def changed(self, since: int) -> tuple[int, list[str]]:
         """The groups written since change count `since`, and the count now; nothing to read
