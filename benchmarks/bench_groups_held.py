@@ -20,7 +20,7 @@ per group, and the groups file's size. The items live in the file: what a waitin
 in memory is its request's waiting task and its group's event.
 
     .venv/bin/python benchmarks/bench_groups_held.py [--size 8] [--groups 200] [--judge-ms 20]
-        [--open 10000] [--item-bytes 2000] [--poll-s 0.05]
+        [--open 10000] [--item-bytes 2000] [--poll-s 0.02]
 
 CPU only (the judge is a stand-in: holding never touches the engine). Prints two tables.
 """
@@ -82,7 +82,7 @@ async def held_here(held: HeldGroups, size: int, groups: int, judge: Any,
         name = f"here-{g}"
         waiting = [asyncio.create_task(held.score_held(name, size, [m], judge))
                    for m in members(name, size, 0, size - 1)]
-        await asyncio.sleep(0.05)  # they have joined and wait: only the last item is timed
+        await asyncio.sleep(0.25)  # they have joined and sleep: only the last item is timed
         began = time.perf_counter()
         await held.score_held(name, size, members(name, size, size - 1, size), judge)
         last.append(time.perf_counter() - began)
@@ -107,7 +107,9 @@ def waiter_process(path: str, poll_s: float, size: int, groups: int, judge_ms: f
             arrived[name] = time.time()
 
         tasks = [asyncio.create_task(one(f"there-{g}")) for g in range(groups)]
-        await asyncio.sleep(0.5)
+        while await held.open_groups() < groups:  # every group's first items have joined
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # and their waiters sleep
         pipe.send("waiting")
         await asyncio.gather(*tasks)
         pipe.send(arrived)
@@ -130,7 +132,7 @@ async def held_there(held: HeldGroups, path: Path, poll_s: float, size: int, gro
         began = time.perf_counter()
         await held.score_held(name, size, members(name, size, size - 1, size), judge)
         last.append(time.perf_counter() - began)
-        await asyncio.sleep(poll_s)  # one group at a time, as a step's groups would not be
+        await asyncio.sleep(poll_s)  # one group at a time: each figure is its own group's
     arrived: dict[str, float] = await asyncio.to_thread(ours.recv)
     child.join()
     return last, [arrived[n] - sent[n] for n in sent]
@@ -217,5 +219,5 @@ if __name__ == "__main__":
     parser.add_argument("--judge-ms", type=float, default=20.0)
     parser.add_argument("--open", type=int, default=10_000)
     parser.add_argument("--item-bytes", type=int, default=2000)
-    parser.add_argument("--poll-s", type=float, default=0.05)
+    parser.add_argument("--poll-s", type=float, default=0.02)
     asyncio.run(main(parser.parse_args(sys.argv[1:])))

@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         "renewed while it judges: a claimer that dies is taken over this long after.",
     )
     group_poll_s: float = Field(
-        0.05, gt=0, le=5, description="How often a serving process looks for other workers' "
+        0.02, gt=0, le=5, description="How often a serving process looks for other workers' "
         "changes to held groups (its own wake its waiters at once).",
     )
     group_keep_s: float = Field(

@@ -86,6 +86,9 @@ class HeldGroups:
         self._store: GroupStore | None = None
         self._events: dict[str, asyncio.Event] = {}
         self._waiters: dict[str, int] = {}
+        # Outcomes this process wrote, for its own other waiters of the group: none of them
+        # reads the file again for what it was just told.
+        self._ended: dict[str, View] = {}
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -147,6 +150,7 @@ class HeldGroups:
             self._waiters[group] -= 1
             if not self._waiters[group]:
                 del self._waiters[group], self._events[group]
+                self._ended.pop(group, None)
 
     def _wake(self, group: str) -> None:
         event = self._events.get(group)
@@ -158,7 +162,7 @@ class HeldGroups:
         its claimer's lease ran out); fail it where it timed out."""
         while True:
             event.clear()  # before the look: a write after it wakes the wait below
-            view = await self._call(self.store.look, group)
+            view = self._ended.get(group) or await self._call(self.store.look, group)
             if view is None:  # dropped as stale while nobody waited: its items are gone
                 return View(group, 0, State.FAILED, 0, 0.0, 0.0, None,
                             f"group {group!r} is no longer held: send its items again")
@@ -201,16 +205,22 @@ class HeldGroups:
         except Exception as err:  # whatever the judge raised, every member hears it
             why = err.message if isinstance(err, GrmError) else repr(err)
             log.warning("judging held group %s failed: %s", label, why)
-            await self._call(self.store.fail, group, self._me,
-                             f"judging group {label!r} failed: {why}", self._clock())
+            error = f"judging group {label!r} failed: {why}"
+            if await self._call(self.store.fail, group, self._me, error, self._clock()):
+                self._ended[group] = View(label, len(items), State.FAILED, len(items), 0.0,
+                                          0.0, None, error)
             return
         finally:
             renewing.cancel()
         ids = [json.loads(i)["id"] for i in items]
         full = {i: results.get(i) or error_result(i, f"the group judge gave item {i!r} of group "
                                                      f"{label!r} no result") for i in ids}
-        dumped = {i: r.model_dump(mode="json") for i, r in full.items()}
-        if not await self._call(self.store.finish, group, self._me, dumped, self._clock()):
+        dumped = json.dumps({i: r.model_dump(mode="json") for i, r in full.items()},
+                            separators=(",", ":"))
+        if await self._call(self.store.finish, group, self._me, dumped, self._clock()):
+            self._ended[group] = View(label, len(ids), State.DONE, len(ids), 0.0, 0.0, dumped,
+                                      None)
+        else:
             log.warning("held group %s: the claim was taken over before its results were "
                         "written; the other claimer's stand", label)
 

@@ -14,7 +14,6 @@ lock at the start, so two writers never both read and then fail to upgrade.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -215,7 +214,7 @@ class GroupStore:
 
         self._write(give)
 
-    def finish(self, group: str, me: str, results: dict[str, Any], now: float) -> bool:
+    def finish(self, group: str, me: str, results: str, now: float) -> bool:
         """The results, where this claimer still holds the claim. The items' JSON goes (the
         digests stay, to tell a retry from a conflict)."""
 
@@ -223,7 +222,7 @@ class GroupStore:
             if self._db.execute(
                     "UPDATE held_groups SET state = 'done', results = ?, finished = ? WHERE "
                     "grp = ? AND state = 'claimed' AND claimer = ?",
-                    (json.dumps(results, separators=(",", ":")), now, group, me)).rowcount != 1:
+                    (results, now, group, me)).rowcount != 1:
                 return False
             self._db.execute("UPDATE held_members SET item = '' WHERE grp = ?", (group,))
             self._tick(group)
@@ -231,9 +230,11 @@ class GroupStore:
 
         return self._write(done)
 
-    def fail(self, group: str, me: str, error: str, now: float) -> None:
-        """The claimer's judging raised: every member gets `error`."""
-        self._end(group, error, now, "state = 'claimed' AND claimer = ?", (me,))
+    def fail(self, group: str, me: str, error: str, now: float) -> bool:
+        """The claimer's judging raised: every member gets `error` (where this claimer still
+        holds the claim)."""
+        return self._write(lambda: self._end_locked(
+            group, error, now, "state = 'claimed' AND claimer = ?", (me,)))
 
     def expire(self, group: str, now: float) -> None:
         """A group not full within GRM_GROUP_TIMEOUT_S of its opening fails, saying so."""
@@ -251,16 +252,15 @@ class GroupStore:
 
         self._write(end)
 
-    def _end(self, group: str, error: str, now: float, when: str, params: tuple[Any, ...],
-             ) -> None:
-        self._write(lambda: self._end_locked(group, error, now, when, params))
-
     def _end_locked(self, group: str, error: str, now: float, when: str,
-                    params: tuple[Any, ...]) -> None:
-        if self._db.execute(f"UPDATE held_groups SET state = 'failed', error = ?, finished = ? "
-                            f"WHERE grp = ? AND {when}", (error, now, group, *params)).rowcount:
-            self._db.execute("UPDATE held_members SET item = '' WHERE grp = ?", (group,))
-            self._tick(group)
+                    params: tuple[Any, ...]) -> bool:
+        if not self._db.execute(f"UPDATE held_groups SET state = 'failed', error = ?, "
+                                f"finished = ? WHERE grp = ? AND {when}",
+                                (error, now, group, *params)).rowcount:
+            return False
+        self._db.execute("UPDATE held_members SET item = '' WHERE grp = ?", (group,))
+        self._tick(group)
+        return True
 
     def clock(self) -> int:
         """The change count now: the groups written after it are `changed` since it."""
