@@ -4,9 +4,11 @@ processes that each bring some members of the same groups, as the workers of one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -102,6 +104,35 @@ def test_a_claimer_killed_mid_judge_is_taken_over_after_its_lease(tmp_path: Path
     retry = finish(start(spec(tmp_path, {"g": {"size": 2, "items": lost}})))
     assert scores(retry) == {lost[0]["id"]: expected("g", 2)[lost[0]["id"]]}
     assert judged(tmp_path) == ["g"]
+
+
+def test_items_of_a_worker_killed_while_waiting_stay_in_the_file(tmp_path: Path) -> None:
+    """A worker restarts: its waiting request is lost, its item is not. The group completes
+    with the other worker's item, and the retried item gets the kept result."""
+    first = start(spec(tmp_path, {"g": {"size": 2, "items": items("g", 2, [0])}}))
+    deadline = time.monotonic() + 30
+    while joined(tmp_path) < 1:
+        assert time.monotonic() < deadline, "the first item never joined"
+        time.sleep(0.02)
+    first.kill()
+    first.communicate(timeout=10)
+
+    other = finish(start(spec(tmp_path, {"g": {"size": 2, "items": items("g", 2, [1])}})))
+    retried = finish(start(spec(tmp_path, {"g": {"size": 2, "items": items("g", 2, [0])}})))
+
+    assert {**scores(other), **scores(retried)} == expected("g", 2)
+    assert judged(tmp_path) == ["g"]
+
+
+def joined(tmp: Path) -> int:
+    path = tmp / "groups.sqlite"
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+        try:
+            return int(db.execute("SELECT count(*) FROM held_members").fetchone()[0])
+        except sqlite3.OperationalError:  # the tables are not made yet
+            return 0
 
 
 @pytest.fixture
