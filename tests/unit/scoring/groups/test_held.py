@@ -21,6 +21,7 @@ import pytest
 from grm_service.errors import TooManyGroups
 from grm_service.gateway.edge.replies import error_reply
 from grm_service.scoring.groups.held import HeldGroups, HoldSettings
+from grm_service.scoring.groups.store import Bounds, GroupStore, Member
 from grm_service.scoring.models import ItemResult, ScoreItem
 from tests.support.held_member import group_scores, judge_for
 
@@ -231,3 +232,80 @@ async def test_a_judge_that_raises_fails_every_member_of_the_group(
     errors = [r.error or "" for a in answers for r in a.values()]
     assert len(errors) == 2
     assert all("judging group 'b' failed" in e and "went away" in e for e in errors)
+
+
+async def test_a_cancelled_claimer_gives_the_claim_back_at_once(tmp_path: Path) -> None:
+    holder = HeldGroups(HoldSettings(path=tmp_path / "groups.sqlite", **{
+        **HOLD, "lease_s": 60.0}))
+    await holder.start()
+    calls: list[int] = []
+    judging = asyncio.Event()
+
+    async def judge(group: list[ScoreItem]) -> dict[str, ItemResult]:
+        calls.append(len(group))
+        if len(calls) == 1:  # the first claimer's request goes away mid-judge
+            judging.set()
+            await asyncio.sleep(3600)
+        return await judge_for({"judged": str(tmp_path / "judged.log")})(group)
+
+    waiting = asyncio.create_task(holder.score_held("d", 2, members("c", 2, [0]), judge))
+    await asyncio.sleep(0.05)
+    claimer = asyncio.create_task(holder.score_held("d", 2, members("c", 2, [1]), judge))
+    try:
+        await judging.wait()
+        claimer.cancel()
+        # Well before the 60 s lease: the claim came back with the cancellation.
+        answer = await asyncio.wait_for(waiting, 10)
+        assert answer["c-0"].score == expected("c", 2)["c-0"] and calls == [2, 2]
+        with pytest.raises(asyncio.CancelledError):
+            await claimer
+    finally:
+        waiting.cancel()
+        await holder.close()
+
+
+async def test_a_claimer_judging_past_its_lease_keeps_the_claim(tmp_path: Path) -> None:
+    """Two processes' holders on one file: the claimer renews its lease while it judges, so
+    the other does not take the group over and judge it a second time."""
+    hold = {**HOLD, "lease_s": 0.3}
+    here, there = (HeldGroups(HoldSettings(path=tmp_path / "groups.sqlite", **hold))
+                   for _ in range(2))
+    await here.start()
+    await there.start()
+    calls: list[int] = []
+
+    async def slow(group: list[ScoreItem]) -> dict[str, ItemResult]:
+        calls.append(len(group))
+        await asyncio.sleep(1.2)  # four leases
+        return await judge_for({"judged": str(tmp_path / "judged.log")})(group)
+
+    first = asyncio.create_task(there.score_held("d", 2, members("l", 2, [0]), slow))
+    try:
+        await asyncio.sleep(0.05)
+        last = await asyncio.wait_for(here.score_held("d", 2, members("l", 2, [1]), slow), 20)
+        assert {**{i: r.score for i, r in (await first).items()},
+                **{i: r.score for i, r in last.items()}} == expected("l", 2)
+        assert calls == [2]
+    finally:
+        first.cancel()
+        await here.close()
+        await there.close()
+
+
+def test_groups_nobody_asks_about_are_dropped(tmp_path: Path) -> None:
+    bounds = Bounds(timeout_s=10.0, max_open=10, keep_s=5.0)
+    store = GroupStore(tmp_path / "groups.sqlite", bounds)
+    one = [Member("a", "d", "{}")]
+    store.join("open", "open", 2, one, now=100.0)
+    store.join("done", "done", 1, one, now=100.0)
+    assert store.claim("done", "me", 100.0, 130.0) == ["{}"]
+    assert store.finish("done", "me", '{"a":{}}', now=101.0)
+    assert store.open_groups(100.0) == 1
+
+    assert store.prune(now=105.0) == 0  # kept their while
+    assert store.prune(now=106.5) == 1  # the results, kept 5 s
+    assert store.look("done") is None and store.look("open") is not None
+    assert store.open_groups(110.5) == 0  # timed out: no longer counted against the cap
+    assert store.prune(now=115.5) == 1  # opened 100, timed out at 110, kept 5 s more
+    assert store.look("open") is None
+    store.close()
