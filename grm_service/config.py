@@ -179,6 +179,31 @@ class Settings(BaseSettings):
         "sets none, if below the scorer's own (OCR 4096, judge 512); unset: the engine's "
         "(vllm-cpu 256, vllm none).",
     )
+    # Held groups (scoring/groups/held.py): items of one group sent in several requests wait
+    # in <work-dir>/groups.sqlite, shared by every worker, until the group is complete.
+    group_timeout_s: float = Field(
+        600.0, gt=0, description="A held group that is not complete this long after its first "
+        "item came fails: each waiting item gets an error naming the group and how many of "
+        "its items came.",
+    )
+    # Measured (benchmarks/bench_groups_held.py): ~11 KiB of a process's RSS per group it has a
+    # request waiting for; the items themselves are in the file.
+    group_max_open: int = Field(
+        10_000, ge=1, description="Groups held open at once, by every worker; a new group past "
+        "it -> 429 with Retry-After.",
+    )
+    group_lease_s: float = Field(
+        30.0, gt=0, description="The claim of the one waiter that judges a complete group, "
+        "renewed while it judges: a claimer that dies is taken over this long after.",
+    )
+    group_poll_s: float = Field(
+        0.02, gt=0, le=5, description="How often a serving process looks for other workers' "
+        "changes to held groups (its own wake its waiters at once).",
+    )
+    group_keep_s: float = Field(
+        600.0, ge=0, description="How long a finished group's results are kept: an item sent "
+        "again (a retry after a lost answer) gets them.",
+    )
     dtype: str = Field("auto", description="Engine dtype (a numerics input of the env digest).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context length.")
     engine_args: Annotated[list[str], NoDecode] = Field(
@@ -443,6 +468,10 @@ class Settings(BaseSettings):
     @property
     def ledger_location(self) -> str:
         return self.ledger_url or str(self.work_dir / "ledger.sqlite")
+
+    @property
+    def groups_location(self) -> Path:
+        return self.work_dir / "groups.sqlite"
 
     @property
     def attach(self) -> bool:

@@ -20,6 +20,7 @@
     ├── RequestTimeout            408  the request's headers or body did not arrive in time
     ├── TooLarge                  413  more items, bytes or JSON values than the operator allows
     ├── Overloaded                429  every replica is at its in-flight limit and the queue is full
+    │   └── TooManyGroups         429  a new group while GRM_GROUP_MAX_OPEN groups are held open
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     │   └── EdgeFull              503  the edge's bounds: open connections, request bytes in flight
     ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
@@ -148,6 +149,13 @@ class TooLarge(GrmError):
 class Overloaded(GrmError):
     http_status = 429
     code = "overloaded"
+
+
+class TooManyGroups(Overloaded):
+    """Held groups live in a file, not in memory, but each one is a set of waiting requests:
+    their number is bounded (scoring/groups/held.py)."""
+
+    code = "too_many_groups"
 
 
 class ServiceUnavailable(GrmError):

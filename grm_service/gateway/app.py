@@ -136,6 +136,7 @@ def _lifespan(
                      identity=identity, auditor=auditor, ledger=ledger,
                      look=side.look if isinstance(side, Follower) else None,
                      refusals=service.refusals)
+        await service.held.start()
         service.start(gw)
         background = [asyncio.create_task(side.start(), name="grm-start")]
         background[0].add_done_callback(lambda task: _report_start(on_fatal, task))
@@ -154,6 +155,7 @@ def _lifespan(
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await auditor.close()
+            await service.held.close()
             if ledger is not None:
                 await ledger.close()  # what the drain answered is written before the exit
             metrics.tally.flush()  # with workers, a later /metrics reads this one's file

@@ -2,10 +2,10 @@
 every edge (the protocol, the hot path, the middleware, the FastAPI routes).
 
 What lives as long as the process is built here (the settings, the metrics registry and its one
-request-metrics path, the connection and body-byte limits of the edge). What needs the event
-loop and the replicas (the keeper, the upstream pool, the auditor) is built by the lifespan,
-which hands its `Gateway`, the request side, to `start`; until then the hot path leaves every
-request to FastAPI, whose routes answer 503.
+request-metrics path, the connection and body-byte limits of the edge, the held groups, whose
+file the lifespan opens). What needs the event loop and the replicas (the keeper, the upstream
+pool, the auditor) is built by the lifespan, which hands its `Gateway`, the request side, to
+`start`; until then the hot path leaves every request to FastAPI, whose routes answer 503.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.request.refusals import Refusals
 from grm_service.gateway.role import WorkerRole
 from grm_service.metrics import Metrics
+from grm_service.scoring.groups.held import HeldGroups, HoldSettings
 
 
 class Service:
@@ -30,6 +31,8 @@ class Service:
         self.limits = EdgeLimits(settings, self.refusals)
         self.admission = Admission(settings)  # every edge admits a request through it
         self.gateway: Gateway | None = None
+        # Groups whose items come in several requests; the lifespan opens and closes its file.
+        self.held = HeldGroups(HoldSettings.of(settings))
 
     def start(self, gateway: Gateway) -> None:
         self.gateway = gateway

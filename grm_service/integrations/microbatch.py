@@ -58,8 +58,11 @@ class MicroBatcher:
             task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[ScoreItem, asyncio.Future[ItemResult]]]) -> None:
-        # Ids unique within the batch (every call brings its own "0").
-        items = [replace(item, id=str(i)) for i, (item, _) in enumerate(batch)]
+        # Ids unique within the batch (every call brings its own "0"). An item of a held group
+        # keeps its own: the service tells the group's items, which come in several batches,
+        # by their ids.
+        items = [item if item.group_id else replace(item, id=str(i))
+                 for i, (item, _) in enumerate(batch)]
         try:
             answer = await self.client.score_batch(items, self.scorer, self.sampling,
                                                    self.options)

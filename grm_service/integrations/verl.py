@@ -23,12 +23,19 @@ of its own, are accepted and unused.
 `extra_info` may carry `prompt` (or `question`) and `image` (data URL, list for frames); the
 policy's text is the judged completion; the ground truth (a string, a list or a numpy array of
 acceptable answers) gives the reference: its first answer, all of them in `extra["references"]`.
+
+Group scorers: where `extra_info` carries `group_id` and `group_size` (verl_groups.py's reward
+manager puts each sample's `uid` and `rollout.n` there), the item is sent with them, under an id
+of its own, and the service holds it until the group's other samples have come
+(docs/groups-held.md).
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from grm_service.client import GrmClient
@@ -46,6 +53,10 @@ from grm_service.integrations.common import (
 from grm_service.integrations.microbatch import WAIT_S, batcher
 from grm_service.integrations.microbatch import close_clients as close_loop_clients
 from grm_service.wire import ItemResult, ScoreItem
+
+# The keys of `extra_info` that name a sample's group (verl_groups.py puts them there).
+GROUP_ID = "group_id"
+GROUP_SIZE = "group_size"
 
 __all__ = ["close_batch_clients", "close_clients", "compute_score", "compute_score_batch"]
 
@@ -91,10 +102,13 @@ def to_item(
     fields: dict[str, Any] = {"data_source": str(data_source)}
     if len(answers) > 1:
         fields["references"] = answers
+    group_id, group_size = extra.get(GROUP_ID), extra.get(GROUP_SIZE)
     return ScoreItem(
         id=str(index), image=image_of(extra.get("image")),
         prompt=None if prompt is None else str(prompt), completion=solution_str,
         reference=answers[0] if answers else None, extra=fields,
+        group_id=None if group_id is None else str(group_id),
+        group_size=None if group_size is None else int(group_size),
     )
 
 
@@ -120,6 +134,10 @@ async def compute_score(
     where = endpoint(url, None, headers, batch_size, timeout=timeout, retries=retries,
                      api_key_env=api_key_env)
     item = to_item(0, data_source, solution_str, ground_truth, extra_info)
+    if item.group_id:
+        # One id per call: two samples of a group may be the same text, and the service takes
+        # an id sent again with the same item for a retry of it.
+        item = replace(item, id=uuid.uuid4().hex)
     result = await batcher(where, scorer, options, sampling, batch_wait_s).score(item)
     return reward_info(result, error_score)
 

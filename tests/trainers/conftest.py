@@ -35,7 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", line)
 
 
-SCORERS = "trainer=tests.support.scoring:trainer_score"
+SCORERS = ("trainer=tests.support.scoring:trainer_score,"
+           "groupshape=tests.support.scoring:group_shape_score")
 KEY = "trainer-key"
 
 

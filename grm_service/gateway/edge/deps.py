@@ -14,6 +14,7 @@ from grm_service.gateway.request.proxy import Gateway
 from grm_service.gateway.service import Service
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
 from grm_service.ledger.records import Origin
+from grm_service.scoring.groups.held import HeldGroups
 
 
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
@@ -24,6 +25,11 @@ async def gateway(request: Request) -> Gateway:
     if gw is None:
         raise service.refusals.refuse("starting", starting())
     return gw
+
+
+async def held_groups(request: Request) -> HeldGroups:
+    """The process's held groups (`seam.Holder`): items of one group sent in several requests."""
+    return cast(Service, request.app.state.service).held
 
 
 async def pinned_replica(request: Request) -> str | None:

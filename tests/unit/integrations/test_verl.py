@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import json
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
-from grm_service.integrations import verl
+from grm_service.client import AsyncGrmClient
+from grm_service.integrations import verl, verl_groups
 from grm_service.integrations.common import ScoringError, endpoint
+from grm_service.integrations.microbatch import MicroBatcher
+from grm_service.wire import ScoreItem
 
 
 def test_verl_sample_becomes_an_item() -> None:
@@ -61,3 +68,63 @@ async def test_close_clients_closes_the_batch_forms_clients_too() -> None:
     assert again is not first and not again._http.is_closed
     verl.close_batch_clients()
     assert again._http.is_closed
+
+
+def test_a_sample_with_a_group_is_sent_with_it() -> None:
+    extra = {"question": "2+2?", "group_id": "uid-1", "group_size": np.int64(8)}
+    item = verl.to_item(0, "s", "4", "4", extra)
+    assert (item.group_id, item.group_size) == ("uid-1", 8)
+    assert type(item.group_size) is int
+    assert (verl.to_item(0, "s", "4", "4", {}).group_id, verl.to_item(0, "s", "4", "4", {})
+            .group_size) == (None, None)
+
+
+class Rows:
+    """What `with_groups` reads of a verl DataProto: its `non_tensor_batch`."""
+
+    def __init__(self, non_tensor_batch: dict[str, np.ndarray]) -> None:
+        self.non_tensor_batch = non_tensor_batch
+
+
+def test_each_sample_gets_its_group_in_an_extra_info_of_its_own() -> None:
+    shared = {"index": 0}
+    rows = Rows({"uid": np.array(["a", "a", "b"], dtype=object),
+                 "extra_info": np.array([shared, shared, None], dtype=object)})
+    verl_groups.with_groups(rows, 2)
+    infos = list(rows.non_tensor_batch["extra_info"])
+    assert infos == [{"index": 0, "group_id": "a", "group_size": 2},
+                     {"index": 0, "group_id": "a", "group_size": 2},
+                     {"group_id": "b", "group_size": 2}]
+    assert infos[0] is not infos[1] and shared == {"index": 0}
+    bare = Rows({"uid": np.array(["c"], dtype=object)})
+    verl_groups.with_groups(bare, 4)
+    assert list(bare.non_tensor_batch["extra_info"]) == [{"group_id": "c", "group_size": 4}]
+
+
+def test_the_group_manager_is_looked_up_by_name_only() -> None:
+    with pytest.raises(AttributeError, match="Nothing"):
+        _ = verl_groups.Nothing  # type: ignore[attr-defined]
+
+
+async def test_a_grouped_call_keeps_its_own_id_in_the_batch() -> None:
+    """The service tells a held group's items apart by id, across batches: the batcher's
+    renumbering ("0", "1", ...) would make two workers' items one conflicting item."""
+    sent: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        items = json.loads(request.content)["items"]
+        sent.extend(items)
+        results = [{"id": i["id"], "score": 0.5, "status": "ok", "digest": "d"} for i in items]
+        return httpx.Response(200, json={"results": results, "fingerprint": {
+            "fingerprint_id": "f", "scorer": "s", "items": len(results), "errors": 0,
+            "digest": "d"}})
+
+    client = AsyncGrmClient("http://x", transport=httpx.MockTransport(answer))
+    batcher = MicroBatcher(client, "listwise", {}, {}, max_items=3, wait_s=0.01)
+    items = [ScoreItem(id="0", completion="a"),
+             ScoreItem(id="u-1", completion="b", group_id="g", group_size=2),
+             ScoreItem(id="u-2", completion="b", group_id="g", group_size=2)]
+    await asyncio.gather(*(batcher.score(i) for i in items))
+    await client.aclose()
+    assert [(i["id"], i.get("group_id"), i.get("group_size")) for i in sent] == [
+        ("0", None, None), ("u-1", "g", 2), ("u-2", "g", 2)]
