@@ -18,19 +18,21 @@ from starlette.responses import Response
 
 from grm_service.config import Settings
 from grm_service.errors import ConfigError, NoReward
-from grm_service.gateway.edge.deps import gateway, origin
+from grm_service.gateway.edge.deps import gateway, held_groups, origin
 from grm_service.gateway.edge.routes_score import run_score
 from grm_service.gateway.request.answer import RESPONSE_JSON
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.ledger.book import SCORE_ROUTE
 from grm_service.ledger.records import Origin
 from grm_service.scoring import gym
+from grm_service.scoring.groups.held import HeldGroups
 from grm_service.scoring.models import ItemResult, ScoreRequest
 
 router = APIRouter()
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
+HeldDep = Annotated[HeldGroups, Depends(held_groups)]
 
 
 class VerifyRequest(BaseModel):
@@ -58,7 +60,8 @@ async def seed_session() -> dict[str, Any]:
 
 
 @router.post("/verify")
-async def verify(body: VerifyRequest, gw: GatewayDep, asker: OriginDep) -> Response:
+async def verify(body: VerifyRequest, gw: GatewayDep, asker: OriginDep,
+                 held: HeldDep) -> Response:
     """The request back with its `reward` and the fingerprint of the judgment."""
     sent = body.model_dump(mode="json")
     settings = gw.settings
@@ -67,7 +70,7 @@ async def verify(body: VerifyRequest, gw: GatewayDep, asker: OriginDep) -> Respo
     scored = Origin(SCORE_ROUTE, asker.key_id, asker.run, asker.step)
     with gw.batch():
         answer = await run_score(gw, ScoreRequest(scorer=settings.verify_scorer, items=[item]),
-                                 scored)
+                                 scored, held)
     result = answer.results[0]
     return Response(RESPONSE_JSON.encode(rewarded(sent, result)), media_type="application/json",
                     headers=result.fingerprint.headers() if result.fingerprint else None)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from grm_service.errors import TooLarge
-from grm_service.gateway.edge.deps import gateway, hot_door, origin
+from grm_service.gateway.edge.deps import gateway, held_groups, hot_door, origin
 from grm_service.gateway.edge.hotpath import CLASSIFY
 from grm_service.gateway.edge.schemas import ClassifyRequest, body_schema
 from grm_service.gateway.edge.score_body import read_score_request
@@ -16,7 +16,8 @@ from grm_service.gateway.request.proxy import Gateway
 from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
-from grm_service.scoring.groups.flow import Groups, check_groups, score_groups
+from grm_service.scoring.groups.flow import Groups, check_groups, complete_items, score_groups
+from grm_service.scoring.groups.held import HeldGroups
 from grm_service.scoring.groups.scorer import GroupScorer
 from grm_service.scoring.groups.seam import Holder
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
@@ -27,6 +28,7 @@ router = APIRouter()
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
+HeldDep = Annotated[HeldGroups, Depends(held_groups)]
 
 
 async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
@@ -47,7 +49,11 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
     if isinstance(scorer, GroupScorer):
         check_groups(req.items, gw.settings.group_max_size)
     observe = gw.metrics.score_item_latency.labels(req.scorer).observe
-    with gw.owe(len(req.items)) as debt:  # admitted, or 429 before any item runs
+    # Items that wait for their group's other items owe nothing while they wait (bounded by
+    # GRM_GROUP_MAX_OPEN instead); their group owes while it is judged (`Groups.owing`).
+    owes = complete_items(req.items, gw.settings.group_max_size) if isinstance(
+        scorer, GroupScorer) else len(req.items)
+    with gw.owe(owes) as debt:  # admitted, or 429 before any item runs
 
         def timed(seconds: float) -> None:
             observe(seconds)
@@ -58,7 +64,7 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
             groups = Groups(send=send, concurrency=gw.settings.score_concurrency,
                             service_seed=gw.path_settings.seed, holder=holder,
                             scope=asker.key_id if asker else "",
-                            max_size=gw.settings.group_max_size)
+                            max_size=gw.settings.group_max_size, owing=gw.backlog.owe)
             answer = await score_groups(req, scorer, groups, gw.identity.fingerprint_id, timed)
         else:
             answer = await score_batch(req, scorer, send, gw.settings.score_concurrency,
@@ -78,13 +84,13 @@ def _max_tokens(gw: Gateway, req: ScoreRequest) -> int | None:
 
 
 @router.post("/v1/score", response_model=ScoreResponse)
-async def score(request: Request, gw: GatewayDep, asker: OriginDep) -> Response:
+async def score(request: Request, gw: GatewayDep, asker: OriginDep, held: HeldDep) -> Response:
     """Score a batch; results come back in input order, each with its fingerprint.
 
     The body is a `ScoreRequest` (schema: `score_body.add_score_schema`), read in chunks."""
     with gw.batch():  # from before its body is read: a batch begun before a stop finishes
         req = await read_score_request(request, gw.settings.max_score_items)
-        answer = await run_score(gw, req, asker)
+        answer = await run_score(gw, req, asker, held)
     # pydantic-core serializes in one pass; FastAPI's response_model path would validate and
     # encode every result again (seconds, on the event loop, for a batch of thousands).
     return Response(answer.model_dump_json(), media_type="application/json")

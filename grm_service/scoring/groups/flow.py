@@ -12,10 +12,12 @@ Results come back in input order, each item's reward mapped back by its id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from grm_service.errors import InvalidRequest
 from grm_service.fingerprint import json_digest
@@ -23,7 +25,7 @@ from grm_service.scoring.batch import combine, item_digest, with_data_urls
 from grm_service.scoring.context import ItemError, Send
 from grm_service.scoring.groups.canon import candidates, group_key
 from grm_service.scoring.groups.scorer import GroupContext, GroupScorer, Outcome, Task
-from grm_service.scoring.groups.seam import Holder
+from grm_service.scoring.groups.seam import Holder, Judge
 from grm_service.scoring.models import (
     BatchFingerprint,
     ItemResult,
@@ -39,7 +41,10 @@ log = logging.getLogger(__name__)
 class Groups:
     """What one request's groups need besides the request: where to send, how many judge
     requests at once, the seed comparison seeds derive from, the holder (or None), the asker's
-    key scope, and the bound on a group's size (GRM_GROUP_MAX_SIZE)."""
+    key scope, the bound on a group's size (GRM_GROUP_MAX_SIZE), and how a held group's
+    judging is counted as owed service while it runs (`Backlog.owe`: its items did not owe
+    while they waited, else a trainer's waiting samples would fill the backlog and refuse the
+    very samples that complete their groups)."""
 
     send: Send
     concurrency: int
@@ -47,6 +52,7 @@ class Groups:
     holder: Holder | None = None
     scope: str = ""
     max_size: int = 64
+    owing: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
 
 
 def partition(items: list[ScoreItem]) -> dict[str | None, list[ScoreItem]]:
@@ -135,6 +141,25 @@ class GroupJudge:
         return results
 
 
+def owed(judge: Judge, owing: Callable[[int], contextlib.AbstractContextManager[Any]] | None
+         ) -> Judge:
+    """`judge`, its group counted as owed service while it is judged."""
+    if owing is None:
+        return judge
+
+    async def judged(members: list[ScoreItem]) -> dict[str, ItemResult]:
+        with owing(len(members)):
+            return await judge(members)
+
+    return judged
+
+
+def complete_items(items: list[ScoreItem], max_size: int) -> int:
+    """How many of `items` are in groups complete in this request (judged now)."""
+    return sum(len(members) for group_id, members in partition(items).items()
+               if group_size(group_id, members, max_size) == len(members))
+
+
 def incomplete(group_id: str | None, have: int, size: int) -> str:
     name = "the items without group_id" if group_id is None else f"group {group_id!r:.80}"
     return (f"{name} has {have} of its {size} items in this request, and this service does not "
@@ -159,7 +184,8 @@ async def score_groups(req: ScoreRequest, scorer: GroupScorer, groups: Groups,
             found.update(await judge(members))
         elif groups.holder is not None:
             key = group_key(groups.scope, req.scorer, req.options, req.sampling, group_id)
-            found.update(await groups.holder.score_held(key, size, members, judge))
+            found.update(await groups.holder.score_held(key, size, members,
+                                                        owed(judge, groups.owing)))
         else:
             found.update({m.id: error_result(m.id, incomplete(group_id, len(members), size))
                           for m in members})
