@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from grm_service import determinism
 from grm_service.engine_side import vllm_plugin
-from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
+from grm_service.engines.base import POOLING_UNMEASURED, Capabilities, Engine, ReplicaSpec
 from grm_service.host import gpu_facts
 
 
@@ -28,6 +28,13 @@ def _sampling_invariant(version: str, env: Mapping[str, str]) -> bool:
 # whether a request ran alone, co-batched, or shuffled among others (H200, 1.5B-shaped
 # Qwen2ForSequenceClassification: benchmarks/gpu/RESULTS.md). Others keep pooling serialized.
 POOLING_INVARIANT_VERSIONS = frozenset({"0.25.0"})
+
+
+_POOLING_MEASURED = (
+    "pooling measured bitwise alone vs co-batched under VLLM_BATCH_INVARIANT=1 on this vLLM "
+    "release (H200, a sequence classifier on /classify); a replica co-batches pooling only once "
+    "its pooling canary proved it for its own model's path (/classify, or /v1/embeddings with "
+    "texts and images for CLIP/SigLIP): see pooling_batched")
 
 
 def _pooling_invariant(version: str, env: Mapping[str, str]) -> bool:
@@ -55,7 +62,8 @@ class VllmGpu(Engine):
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
         pooling = _pooling_invariant(version, child)
         return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note,
-                            pooling_invariant=pooling)
+                            pooling_invariant=pooling,
+                            pooling_note=_POOLING_MEASURED if pooling else POOLING_UNMEASURED)
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         model = self.settings.model

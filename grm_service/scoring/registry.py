@@ -18,23 +18,28 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grm_service.errors import ConfigError, UnknownScorer
-from grm_service.scoring import classify, judge, ocr
+from grm_service.scoring import classify, clip, judge, ocr
 from grm_service.scoring.context import ItemError, ScorerContext
-from grm_service.scoring.models import ScoreItem, ScoreRequest
+from grm_service.scoring.models import ItemResult, ScoreItem, ScoreRequest
 
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
+# A scorer's step over a whole batch's results (in input order), given its items and options.
+Finish = Callable[[list[ScoreItem], list[ItemResult], dict[str, Any]], list[ItemResult]]
 
-BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score}
+BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score,
+                              "clip": clip.score}
 # Request-level option checks of the built-ins (InvalidRequest -> 400 before any item runs);
 # a custom scorer reads its options itself.
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
+    "clip": clip.check_options,
 }
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
+    "clip": clip.OPTIONS_SCHEMA,
 }
 
 
@@ -101,8 +106,14 @@ def registered(specs: tuple[str, ...] = ()) -> list[str]:
 
 # Request-level item checks of the built-ins (400 before any item runs).
 ITEM_CHECKS: dict[str, Callable[[list[ScoreItem], dict[str, Any]], None]] = {
-    "ocr": ocr.check_items,
+    "ocr": ocr.check_items, "clip": clip.check_items,
 }
+# Steps over a whole batch's results, of the built-ins that have one.
+FINISHES: dict[str, Finish] = {"clip": clip.finish}
+
+
+def finish_of(name: str, scorer: Scorer) -> Finish | None:
+    return FINISHES.get(name) if BUILTIN.get(name) is scorer else None
 
 
 def check_options(name: str, scorer: Scorer, options: dict[str, Any]) -> None:

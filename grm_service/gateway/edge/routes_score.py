@@ -17,7 +17,7 @@ from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
-from grm_service.scoring.registry import check_request, lookup
+from grm_service.scoring.registry import check_request, finish_of, lookup
 from grm_service.scoring.send import make_send, pooling_body
 
 router = APIRouter()
@@ -48,7 +48,7 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None)
 
         answer = await score_batch(req, scorer, make_send(gw, asker, _max_tokens(gw, req)),
                                    gw.settings.score_concurrency, gw.identity.fingerprint_id,
-                                   timed)
+                                   timed, gw.scales, finish_of(name, scorer))
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
     count(req.scorer, "ok").inc(len(answer.results) - failed)

@@ -17,6 +17,7 @@ from prometheus_client import Counter, Gauge
 from grm_service import jsonload
 from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode, SerializeMode, Settings
+from grm_service.dual_scales import DualScales
 from grm_service.engines import Capabilities
 from grm_service.errors import (
     BackendFailed,
@@ -112,6 +113,9 @@ class Gateway:
     # The process's one count of refusals (`Service`'s, shared with the edge); a Gateway built
     # alone makes its own.
     refusals: Refusals | None = None
+    # The served dual encoder's logit_scale/logit_bias, read from its checkpoint at start-up
+    # (`dual_scales.py`): the `clip` scorer's; None where the model is none or not on this host.
+    scales: DualScales | None = None
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
@@ -232,7 +236,7 @@ _ON, _AUTO, _LEAST_LOADED = SerializeMode.ON, SerializeMode.AUTO, RoutingMode.LE
 
 # Pooling runs alone on a replica unless the engine profile declares it batch-invariant (an
 # engine version where that was measured) and the replica's pooling canary proved it.
-POOLING_PATHS = frozenset({"/classify", "/pooling"})
+POOLING_PATHS = frozenset({"/classify", "/pooling", "/v1/embeddings"})
 
 
 def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> bool:
