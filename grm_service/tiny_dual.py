@@ -13,7 +13,6 @@ ones, so that a test can tell a scorer that reads the checkpoint from one that r
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,19 +123,13 @@ def _random(model_class: Any, config: Any, scalars: dict[str, float]) -> Any:
 
 
 def _processor(kind: DualKind, tokenizer: Any) -> Any:
-    from transformers import CLIPImageProcessor, CLIPProcessor, SiglipImageProcessor
+    import transformers
 
-    size = {"shortest_edge": IMAGE_SIZE}
-    crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    # Untyped constructors, hence Any.
+    lib: Any = transformers
+    square = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     if kind == "clip":
-        image = CLIPImageProcessor(size=size, crop_size=crop)
-        return CLIPProcessor(image_processor=image, tokenizer=tokenizer)
-    from transformers import SiglipProcessor
-
-    image = SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    return SiglipProcessor(image_processor=image, tokenizer=tokenizer)
-
-
-def initial_logit_scale() -> float:
-    """CLIP's config default, for a test that the checkpoint's value differs."""
-    return math.log(1 / 0.07)
+        image = lib.CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size=square)
+        return lib.CLIPProcessor(image_processor=image, tokenizer=tokenizer)
+    return lib.SiglipProcessor(image_processor=lib.SiglipImageProcessor(size=square),
+                               tokenizer=tokenizer)

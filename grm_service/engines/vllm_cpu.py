@@ -12,6 +12,13 @@ from grm_service.engine_side import compat, vllm_plugin, worker_poll
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# What was measured (benchmarks/clip_cobatch.py, benchmarks/RESULTS.md), and why it is not
+# claimed: one small model's embeddings on one host prove nothing of another model's kernels.
+_POOLING_NOTE = (
+    "pooling is serialized per replica: co-batched /v1/embeddings of the tiny CLIP (texts and "
+    "images, 1.9 requests per engine step) were measured bitwise equal to the same requests "
+    "alone on vllm-cpu 0.32.0 (benchmarks/clip_cobatch.py), which is not claimed for other "
+    "models or hosts")
 
 
 class VllmCpu(Engine):
@@ -30,6 +37,7 @@ class VllmCpu(Engine):
             sampling_invariant=False,
             note="no batch-invariant kernels on CPU (VLLM_BATCH_INVARIANT unsupported): "
             "requests are serialized per replica",
+            pooling_note=_POOLING_NOTE,
         )
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:

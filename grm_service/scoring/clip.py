@@ -12,7 +12,9 @@ with `logit_scale` and `logit_bias` read from the served checkpoint at start-up
 engine's float32 values, each sum by `math.fsum` (exactly rounded, so independent of order): the
 score's bits are a function of the two embeddings' bits alone.
 
-Options: `softmax` (default false): PickScore's probabilities, a softmax of the logits over each
+Options: `output`: `logit` (default, the above: PickScore's score) or `cosine` (the cosine
+alone: HPSv2's score, `image_features @ text_features.T` of unit vectors); `softmax` (default
+false): PickScore's probabilities, a softmax of the logits over each
 group: the items sharing a `group_id`, or the whole request where none has one. A group's items
 must all come in the request; they are taken in the order of their content digests, and a group
 with a failed item fails as a whole (a softmax over the others would mean another thing).
@@ -31,8 +33,9 @@ from grm_service.fingerprint import json_digest
 from grm_service.scoring.context import ItemError, ScorerContext
 from grm_service.scoring.models import ItemResult, ScoreItem
 
-OPTIONS = ("softmax",)
+OPTIONS = ("output", "softmax")
 OPTIONS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "output": {"enum": ["logit", "cosine"], "default": "logit"},
     "softmax": {"type": "boolean", "default": False},
 }}
 MAX_SOFTMAX_GROUP = 4096
@@ -45,6 +48,9 @@ def check_options(options: dict[str, Any]) -> None:
                              f"{', '.join(OPTIONS)}")
     if not isinstance(options.get("softmax", False), bool):
         raise InvalidRequest("clip option softmax must be true or false")
+    output = options.get("output", "logit")
+    if output not in ("logit", "cosine"):
+        raise InvalidRequest(f"clip option output must be 'logit' or 'cosine', not {output!r:.40}")
 
 
 def check_items(items: list[ScoreItem], options: dict[str, Any]) -> None:
@@ -107,6 +113,8 @@ async def score(item: ScoreItem, ctx: ScorerContext) -> float:
     image = await ctx.embed({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": item.image}}]}]})
     text = await ctx.embed({"input": item.prompt})
+    if ctx.options.get("output") == "cosine":
+        return cosine(image, text)
     return logit(ctx.scales, image, text)
 
 

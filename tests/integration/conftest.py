@@ -22,13 +22,14 @@ from tests.support.procs import Proc, start_stub
 ORDER = [
     "test_score_classify.py", "test_engine_cpu.py", "test_integrations.py",
     "test_determinism_police.py", "test_ray_launcher.py", "test_chaos.py",
-    "test_score_engine.py", "test_cli_score.py",
+    "test_score_engine.py", "test_cli_score.py", "test_score_clip.py",
 ]
 PRESTART_AT_START = ("classifier", LAUNCHED)
-PRESTART_DURING = {"test_chaos.py": ("vlm",)}
+PRESTART_DURING = {"test_chaos.py": ("vlm",), "test_cli_score.py": ("clip",)}
 # Fixture -> the recipe it holds. The text tests' replicas are the launched service's.
 RECIPE_OF = {"text_backends": LAUNCHED, "vlm_backends": "vlm",
-             "classifier_backend": "classifier", "launched_text": LAUNCHED}
+             "classifier_backend": "classifier", "launched_text": LAUNCHED,
+             "clip_backends": "clip"}
 POOL = pytest.StashKey[EnginePool]()
 LAST_USE = pytest.StashKey[dict[str, int]]()
 
@@ -136,6 +137,11 @@ def vlm_backends(engine_pool: EnginePool) -> list[Proc]:
 @pytest.fixture(scope="session")
 def classifier_backend(engine_pool: EnginePool) -> Proc:
     return engine_pool.backends("classifier")[0]
+
+
+@pytest.fixture(scope="session")
+def clip_backends(engine_pool: EnginePool) -> list[Proc]:
+    return engine_pool.backends("clip")
 
 
 @pytest.fixture

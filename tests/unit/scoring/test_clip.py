@@ -78,6 +78,8 @@ async def test_score_is_the_models_logit_over_both_embeddings() -> None:
     assert answer.results[0].score == pytest.approx(math.exp(3.25) * cos, rel=1e-12)
     siglip = await run(request(one), SIGLIP)
     assert siglip.results[0].score == pytest.approx(math.exp(3.25) * cos - 7.5, rel=1e-12)
+    hps = await run(request(one, output="cosine"))
+    assert hps.results[0].score == pytest.approx(cos, rel=1e-12)
     fp = answer.results[0].fingerprint
     assert fp is not None and len(fp.request_digest) > 0, "both requests fingerprinted"
 
@@ -147,6 +149,7 @@ async def test_no_dual_encoder_is_an_item_error() -> None:
 @pytest.mark.parametrize(("its", "options", "words"), [
     (items(1), {"temperature": 1}, "unknown temperature"),
     (items(1), {"softmax": "yes"}, "softmax must be true or false"),
+    (items(1), {"output": "prob"}, "output must be 'logit' or 'cosine'"),
     ([{"id": "a", "image": data_url()}], {}, "has an image and no prompt"),
     ([{"id": "a", "prompt": "p"}], {}, "has no image and a prompt"),
     ([{"id": "a", "prompt": "p", "image": [data_url(), data_url()]}], {}, "a list of images"),
