@@ -245,6 +245,13 @@ def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> 
     return not (caps.pooling_invariant and replica.pooling_batched)
 
 
+def runs_alone(replica: Replica, pooling: bool, alone: bool, caps: Capabilities,
+               mode: SerializeMode) -> bool:
+    """Whether this request runs alone on `replica`: `alone` (`must_run_alone` of a generative
+    body), a replica the live audit serialized, or pooling not proven there."""
+    return alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
+
+
 def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
     if mode is not _AUTO:
         return mode is _ON
@@ -458,7 +465,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     alone = not pooling and must_run_alone(body, caps, mode)
     errors = []
     for replica in order[: gw.path_settings.max_attempts]:
-        serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
+        serialized = runs_alone(replica, pooling, alone, caps, mode)
         try:
             payload, engine_json = await _attempt(gw, replica, path, raw, serialized, owed)
         except _Retryable as err:
