@@ -1,8 +1,8 @@
 """Scorer lookup: the built-ins plus custom `NAME=module:function` entries from settings.
 
 A custom scorer is any `fn(item: ScoreItem, ctx: ScorerContext) -> float`, sync or async; it may
-call `await ctx.chat(messages, **sampling)` / `ctx.classify(messages)` to ask the model, or
-score by rule alone. Example: `GRM_SCORERS=exact=my_rewards:exact_match` with
+call `await ctx.chat(messages, **sampling)` / `ctx.classify(messages)` / `ctx.embed(body)` to
+ask the model, or score by rule alone. Example: `GRM_SCORERS=exact=my_rewards:exact_match` with
 
     def exact_match(item, ctx):
         return float((item.completion or "").strip() == (item.reference or "").strip())
