@@ -97,9 +97,14 @@ def make_images(n: int, size: int) -> list[str]:
     return out
 
 
-def items(images: list[str], n: int) -> list[dict[str, Any]]:
+def items(images: list[str], n: int, shared_prompts: bool) -> list[dict[str, Any]]:
+    """Each item its own prompt (a caption and a variation number), so that every text
+    embedding is computed; `shared_prompts`: the captions alone, a prompt's images in a row
+    (PickScore's use: the gateway's ledger then coalesces a prompt's repeats in flight)."""
     return [{"id": f"i{k}", "image": images[k % len(images)],
-             "prompt": PROMPTS[(k * 7) % len(PROMPTS)]} for k in range(n)]
+             "prompt": PROMPTS[(k * 7) % len(PROMPTS)] if shared_prompts
+             else f"{PROMPTS[k % len(PROMPTS)]}, variation {k // len(PROMPTS)}"}
+            for k in range(n)]
 
 
 def build_vit_h14(out: Path) -> None:
@@ -177,24 +182,41 @@ def wait(url: str, popen: subprocess.Popen[bytes], log: Path, timeout: float = 1
     raise SystemExit(f"not ready after {timeout} s: {url}; see {log}")
 
 
+def engine_requests(url: str) -> float:
+    """The replica's count of finished requests (vLLM's `vllm:request_success_total`)."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:request_success_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def direct_round(url: str, work: list[dict[str, Any]], concurrency: int,
+def direct_bodies(work: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
+    """Each item's two embedding requests, encoded once, before any clock starts."""
+    def encoded(body: dict[str, Any]) -> bytes:
+        return json.dumps({"model": SERVED, **body}).encode()
+
+    return [(encoded({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": it["image"]}}]}]}),
+        encoded({"input": it["prompt"]})) for it in work]
+
+
+async def direct_round(url: str, bodies: list[tuple[bytes, bytes]], concurrency: int,
                        scales: Any) -> float:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=2 * concurrency)
+    headers = {"content-type": "application/json"}
 
-    async def one(client: httpx.AsyncClient, item: dict[str, Any]) -> float:
+    async def one(client: httpx.AsyncClient, pair: tuple[bytes, bytes]) -> float:
         async with sem:
-            bodies = [{"messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": item["image"]}}]}]},
-                {"input": item["prompt"]}]
             vecs = []
-            for body in bodies:
-                r = await client.post(url + "/v1/embeddings", json={"model": SERVED, **body},
+            for body in pair:
+                r = await client.post(url + "/v1/embeddings", content=body, headers=headers,
                                       timeout=600)
                 r.raise_for_status()
                 vecs.append(r.json()["data"][0]["embedding"])
@@ -202,18 +224,20 @@ async def direct_round(url: str, work: list[dict[str, Any]], concurrency: int,
 
     async with httpx.AsyncClient(limits=limits) as client:
         started = time.perf_counter()
-        await asyncio.gather(*(one(client, it) for it in work))
-        return len(work) / (time.perf_counter() - started)
+        await asyncio.gather(*(one(client, pair) for pair in bodies))
+        return len(bodies) / (time.perf_counter() - started)
 
 
 def gateway_round(url: str, work: list[dict[str, Any]], batch: int, in_flight: int, pid: int
                   ) -> tuple[float, float, bool]:
     """images/s, gateway CPU ms per image, whether any item ran serialized: batches of `batch`
     items (a body under the gateway's 32 MiB), `in_flight` of them at once."""
-    chunks = [work[k:k + batch] for k in range(0, len(work), batch)]
+    chunks = [json.dumps({"scorer": "clip", "items": work[k:k + batch]}).encode()
+              for k in range(0, len(work), batch)]
+    headers = {"content-type": "application/json"}
 
-    def post(client: httpx.Client, chunk: list[dict[str, Any]]) -> bool:
-        r = client.post(url + "/v1/score", json={"scorer": "clip", "items": chunk})
+    def post(client: httpx.Client, chunk: bytes) -> bool:
+        r = client.post(url + "/v1/score", content=chunk, headers=headers)
         r.raise_for_status()
         results = r.json()["results"]
         bad = [x for x in results if x["status"] != "ok"]
@@ -241,6 +265,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16,
                         help="items per /v1/score body (512 px images: ~0.5 MB each)")
     parser.add_argument("--size", type=int, default=512, help="image side, pixels")
+    parser.add_argument("--shared-prompts", action="store_true",
+                        help="12 captions shared by the images (see `items`)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "grm-clip")
     args = parser.parse_args()
     kind = args.model or ("vit-h-14" if args.gpu else "tiny")
@@ -250,7 +276,7 @@ def main() -> int:
     engine, dtype = ("vllm", "bfloat16") if args.gpu else ("vllm-cpu", "float32")
     folder = model_folder(kind, args.cache)
     scales = read_dual_scales(str(folder))
-    work = items(make_images(min(n, 64), args.size), n)
+    work = items(make_images(min(n, 64), args.size), n, args.shared_prompts)
     logs = Path(tempfile.mkdtemp(prefix="grm-clip-bench-"))
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                          if p),
@@ -291,20 +317,23 @@ def main() -> int:
 
 def run_rounds(args: argparse.Namespace, work: list[dict[str, Any]], rurl: str, gurl: str,
                gpid: int, concurrency: int, scales: Any) -> dict[str, Any]:
-    asyncio.run(direct_round(rurl, work[:8], 4, scales))  # warm-up: both towers, the caches
+    bodies = direct_bodies(work)
+    asyncio.run(direct_round(rurl, bodies[:8], 4, scales))  # warm-up: both towers, the caches
     in_flight = max(1, concurrency // args.batch)
     gateway_round(gurl, work[:8], args.batch, in_flight, gpid)
-    serial, batched, through, cpu = [], [], [], []
+    serial, batched, through, cpu, per_image = [], [], [], [], []
     serialized = False
     for _ in range(args.rounds):
-        serial.append(asyncio.run(direct_round(rurl, work, 1, scales)))
-        batched.append(asyncio.run(direct_round(rurl, work, concurrency, scales)))
+        serial.append(asyncio.run(direct_round(rurl, bodies, 1, scales)))
+        batched.append(asyncio.run(direct_round(rurl, bodies, concurrency, scales)))
+        before = engine_requests(rurl)
         ips, ms, ser = gateway_round(gurl, work, args.batch, in_flight, gpid)
+        per_image.append((engine_requests(rurl) - before) / len(work))
         through.append(ips)
         cpu.append(ms)
         serialized |= ser
     return {"serial": serial, "batched": batched, "gateway": through, "cpu": cpu,
-            "serialized": serialized}
+            "engine_requests_per_image": per_image, "serialized": serialized}
 
 
 def report(r: dict[str, Any], caps: dict[str, Any], kind: str, engine: str, n: int,
@@ -325,6 +354,9 @@ def report(r: dict[str, Any], caps: dict[str, Any], kind: str, engine: str, n: i
         f"| direct, co-batched ({concurrency} in flight) | {_fmt(r['batched'])} | - | - |",
         f"| gateway /v1/score ({mode}) | {_fmt(r['gateway'])} | "
         f"**{med['gateway'] / same:.3f}** | {_fmt(r['cpu'], 2)} |",
+        "",
+        "engine requests per image through the gateway (2: every embedding computed): "
+        + _fmt(r["engine_requests_per_image"], 2),
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.write(json.dumps({"kind": kind, "medians": med, "ratio": med["gateway"] / same,
