@@ -6,11 +6,13 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from grm_service import tiny_dual
 from grm_service.dual_scales import ScalesError, read_dual_scales, read_scalar
+from grm_service.engine_side import compat
 from grm_service.tiny_models import ensure_tiny_model
 
 
@@ -35,14 +37,23 @@ def test_siglip_has_its_bias() -> None:
                                                        tiny_dual.CHECKPOINT_LOGIT_BIAS)
 
 
-def test_the_scorers_formula_is_the_models_own(tiny_clip: Path) -> None:
+@pytest.fixture(scope="module")
+def clip_model(tiny_clip: Path) -> Any:
+    """Loaded before the per-test os.environ check: importing torch sets
+    TORCHINDUCTOR_CACHE_DIR in os.environ (third-party, not our code)."""
+    compat.install()  # Before transformers: a broken torchvision breaks its model imports.
+    from transformers import CLIPModel
+
+    return CLIPModel.from_pretrained(tiny_clip).eval()
+
+
+def test_the_scorers_formula_is_the_models_own(tiny_clip: Path, clip_model: Any) -> None:
     """transformers' logits_per_image from the same towers equals exp(scale) * cos."""
     import torch
-    from transformers import CLIPModel
 
     from grm_service.scoring.clip import logit
 
-    model = CLIPModel.from_pretrained(tiny_clip).eval()
+    model = clip_model
     torch.manual_seed(0)
     pixels = torch.randn(1, 3, tiny_dual.IMAGE_SIZE, tiny_dual.IMAGE_SIZE)
     ids = torch.tensor([[1022, 5, 17, 99, 1023]])
