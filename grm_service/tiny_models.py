@@ -10,6 +10,7 @@ on files of the Python install, so the same builder makes the same bytes everywh
 * `classifier`: Qwen2ForSequenceClassification with one label, a reward model that vLLM serves
   on `/pooling` and `/classify`.
 * `vlm-reward`: the `vlm` model with a two-label score head (HPSv3's shape; `tiny_vlm_reward`).
+* `clip`, `siglip`: dual encoders that vLLM serves on `/v1/embeddings` (`tiny_dual.py`).
 
 The weights use init range 0.3, so that different prompts give visibly different outputs, and are
 saved as fp32 safetensors. A folder is built in a temporary directory and renamed into place, so
@@ -34,7 +35,7 @@ from grm_service.engine_side import compat
 
 logger = logging.getLogger(__name__)
 
-ModelKind = Literal["text", "vlm", "classifier", "vlm-reward"]
+ModelKind = Literal["text", "vlm", "classifier", "vlm-reward", "clip", "siglip"]
 MODEL_KINDS: tuple[ModelKind, ...] = get_args(ModelKind)
 
 # Part of the cache key: bump it whenever a change here changes the files that are built.
@@ -133,6 +134,11 @@ def _publish(staging: Path, target: Path) -> None:
 
 def build_tiny_model(kind: ModelKind, out: Path) -> None:
     """Write the model files of `kind` into the existing, empty folder `out`."""
+    if kind in ("clip", "siglip"):
+        from grm_service.tiny_dual import build_dual_model
+
+        build_dual_model("clip" if kind == "clip" else "siglip", out)
+        return
     compat.install()  # Before transformers: a broken torchvision breaks its model imports.
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out)

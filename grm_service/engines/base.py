@@ -21,19 +21,23 @@ from grm_service.metrics import MULTIPROCESS_ENV
 log = logging.getLogger(__name__)
 
 
+POOLING_UNMEASURED = ("pooling (/classify, /pooling, /v1/embeddings) is not measured "
+                      "batch-invariant on this engine: each such request runs alone on its replica")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """`batch_invariant`: requests may share a batch and still get the same bits.
     `sampling_invariant`: that also holds for top_p < 1 / top_k sampling.
-    `pooling_invariant`: and for pooling (/classify, /pooling), on an engine version where that
-    was measured; each replica must still pass the pooling canary before it co-batches them.
-    `pooling_note`: what was measured of pooling on this engine, and what the service does."""
+    `pooling_invariant`: and for pooling (/classify, /pooling, /v1/embeddings), on an engine
+    version where that was measured; each replica must still pass the pooling canary before it
+    co-batches them. `pooling_note`: what was measured, where, and what the gateway does."""
 
     batch_invariant: bool
     sampling_invariant: bool
     note: str
     pooling_invariant: bool = False
-    pooling_note: str = "pooling is serialized per replica: not measured batch-invariant here"
+    pooling_note: str = POOLING_UNMEASURED
 
 
 @dataclass(frozen=True)

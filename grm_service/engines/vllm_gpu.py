@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from grm_service import determinism
 from grm_service.engine_side import vllm_plugin
-from grm_service.engines.base import Capabilities, Engine, ReplicaSpec
+from grm_service.engines.base import POOLING_UNMEASURED, Capabilities, Engine, ReplicaSpec
 from grm_service.host import gpu_facts
 
 
@@ -30,18 +30,16 @@ def _sampling_invariant(version: str, env: Mapping[str, str]) -> bool:
 POOLING_INVARIANT_VERSIONS = frozenset({"0.25.0"})
 
 
+_POOLING_MEASURED = (
+    "pooling measured bitwise alone vs co-batched under VLLM_BATCH_INVARIANT=1 on this vLLM "
+    "release (H200, a sequence classifier on /classify); a replica co-batches pooling only once "
+    "its pooling canary proved it for its own model's path (/classify, or /v1/embeddings with "
+    "texts and images for CLIP/SigLIP): see pooling_batched")
+
+
 def _pooling_invariant(version: str, env: Mapping[str, str]) -> bool:
     return (env.get("VLLM_BATCH_INVARIANT") == "1"
             and version.split("+", 1)[0] in POOLING_INVARIANT_VERSIONS)
-
-
-def _pooling_note(invariant: bool) -> str:
-    measured = ("pooling measured bitwise co-batched on vLLM "
-                f"{', '.join(sorted(POOLING_INVARIANT_VERSIONS))} with VLLM_BATCH_INVARIANT=1 "
-                "(a text sequence classifier; a VLM reward head: benchmarks/pooling_cobatch.py)")
-    if invariant:
-        return measured + "; each replica co-batches it once its pooling canary passed"
-    return measured + "; not this engine or environment: pooling is serialized per replica"
 
 
 class VllmGpu(Engine):
@@ -64,7 +62,8 @@ class VllmGpu(Engine):
             note += "; top_p/top_k sampling is not batch-invariant here, so it is serialized"
         pooling = _pooling_invariant(version, child)
         return Capabilities(batch_invariant=True, sampling_invariant=sampling, note=note,
-                            pooling_invariant=pooling, pooling_note=_pooling_note(pooling))
+                            pooling_invariant=pooling,
+                            pooling_note=_POOLING_MEASURED if pooling else POOLING_UNMEASURED)
 
     def argv(self, spec: ReplicaSpec, host: str) -> list[str]:
         model = self.settings.model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -17,7 +18,8 @@ from starlette.responses import Response
 
 from grm_service import __version__
 from grm_service.config import Settings
-from grm_service.errors import GrmError, MethodNotAllowed, UnknownRoute
+from grm_service.dual_scales import DualScales, ScalesError, read_dual_scales
+from grm_service.errors import ConfigError, GrmError, MethodNotAllowed, UnknownRoute
 from grm_service.gateway.edge import (
     routes_admin,
     routes_engines,
@@ -133,7 +135,7 @@ def _lifespan(
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
         ledger = Ledger(settings, metrics) if settings.ledger else None
         gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
-                     identity=identity, auditor=auditor, ledger=ledger,
+                     identity=identity, auditor=auditor, ledger=ledger, scales=_scales(settings),
                      look=side.look if isinstance(side, Follower) else None,
                      refusals=service.refusals)
         await service.held.start()
@@ -166,6 +168,22 @@ def _lifespan(
             await client.close()
 
     return lifespan
+
+
+def _scales(settings: Settings) -> DualScales | None:
+    """The served dual encoder's scalars, once (the `clip` scorer's); a checkpoint that claims to
+    be one and cannot be read fails the start, as a bad --scorers entry does."""
+    if not settings.model:
+        return None
+    try:
+        # The hub cache the replicas use: the user's engine env over this process's.
+        scales = read_dual_scales(settings.model, {**os.environ, **settings.engine_env})
+    except ScalesError as err:
+        raise ConfigError(f"the clip scorer's scalars: {err}") from err
+    if scales is not None:
+        log.info("dual encoder %s: logit_scale %r, logit_bias %r (from %s)", scales.architecture,
+                 scales.logit_scale, scales.logit_bias, scales.source)
+    return scales
 
 
 async def _grm_error(request: Request, exc: Exception) -> Response:

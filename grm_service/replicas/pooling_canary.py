@@ -1,5 +1,5 @@
-"""Pooling canary: a replica may co-batch `/classify` and `/pooling` requests only once it showed
-that doing so changes no bit.
+"""Pooling canary: a replica may co-batch `/classify`, `/pooling` and `/v1/embeddings` requests only
+once it showed that doing so changes no bit.
 
 Runs only where the profile of the engine the replica reports running declares pooling
 batch-invariant (`Capabilities.pooling_invariant`: a GPU vLLM release measured so, with
@@ -10,6 +10,10 @@ canonical JSON, so every float bit counts) must agree with each other and with t
 admitted replica of the same identity. A replica that disagrees with that reference even alone
 computes something else and is refused; one that only changes when co-batched keeps pooling
 serialized.
+
+The probes take the model's own shape: `/classify` for a classifier; for an embedding model (no
+`/classify`: CLIP, SigLIP) texts on `/v1/embeddings`, and images too (chat-style messages, PNGs
+of several sizes) where the model embeds them, so both towers are proven.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from grm_service import probe_images
 from grm_service.config import SerializeMode, Settings
 from grm_service.fingerprint import response_digest
 from grm_service.metrics import Metrics
@@ -29,6 +34,7 @@ from grm_service.replicas.pool import Replica
 log = logging.getLogger(__name__)
 
 _CLASSIFY = "/classify"
+_EMBED = "/v1/embeddings"
 # The replica serves no pooling model: a generative model answers these.
 _NOT_POOLING = (400, 404, 405, 501)
 
@@ -39,8 +45,14 @@ def _texts(n: int, tag: str) -> list[str]:
             for i in range(n)]
 
 
+def _image(i: int) -> dict[str, Any]:
+    url = probe_images.png_data_url(24 + 16 * i, 40 + 8 * i, i)
+    return {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]}
+
+
 class NotPooling(Exception):
-    """The replica does not serve `/classify`."""
+    """The replica serves neither `/classify` nor `/v1/embeddings`."""
 
 
 class PoolingCanary:
@@ -52,7 +64,10 @@ class PoolingCanary:
         n = settings.canary_probes
         self.probes = [self._body(t) for t in _texts(n, "probe")]
         self.filler = [self._body(t) for t in _texts(2 * n, "filler")]
-        self.references: dict[str, list[str]] = {}  # identity's fingerprint id -> outputs
+        model = {"model": settings.model_name}
+        self.images = [{**model, **_image(i)} for i in range(max(1, n // 2))]
+        # identity's fingerprint id and the probes' path -> outputs
+        self.references: dict[str, list[str]] = {}
         self._lock = asyncio.Lock()
 
     def _claimed(self, replica: Replica) -> bool:
@@ -63,12 +78,27 @@ class PoolingCanary:
     def _body(self, text: str) -> dict[str, Any]:
         return {"model": self.settings.model_name, "input": text}
 
+    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]
+                    ) -> httpx.Response:
+        return await client.post(url, json=body, timeout=self.settings.request_timeout_s)
+
     async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str:
-        r = await client.post(url + _CLASSIFY, json=body, timeout=self.settings.request_timeout_s)
-        if r.status_code in _NOT_POOLING and body is self.probes[0]:
-            raise NotPooling(f"HTTP {r.status_code}")
+        r = await self._post(client, url, body)
         r.raise_for_status()
         return response_digest(r.json())
+
+    async def _shape(self, client: httpx.AsyncClient, url: str
+                     ) -> tuple[str, list[dict[str, Any]]]:
+        """The path the model serves and the probes it takes (its first image, or not)."""
+        if (await self._post(client, url + _CLASSIFY, self.probes[0])).status_code \
+                not in _NOT_POOLING:
+            return _CLASSIFY, self.probes
+        r = await self._post(client, url + _EMBED, self.probes[0])
+        if r.status_code in _NOT_POOLING:
+            raise NotPooling(f"HTTP {r.status_code}")
+        r.raise_for_status()
+        takes_images = (await self._post(client, url + _EMBED, self.images[0])).status_code == 200
+        return _EMBED, self.probes + (self.images if takes_images else [])
 
     async def __call__(self, replica: Replica, client: httpx.AsyncClient) -> str | None:
         replica.pooling_batched = False  # a restarted replica proves itself again
@@ -76,18 +106,21 @@ class PoolingCanary:
             return None
         async with self._lock:  # one at a time: the reference must be settled first
             try:
-                alone = [await self._send(client, replica.url, b) for b in self.probes]
+                path, probes = await self._shape(client, replica.url)
+                url = replica.url + path
+                alone = [await self._send(client, url, b) for b in probes]
                 mixed = await asyncio.gather(
-                    *(self._send(client, replica.url, b) for b in self.probes + self.filler))
+                    *(self._send(client, url, b) for b in probes + self.filler))
             except NotPooling:
                 return None
             except httpx.HTTPError as err:
                 return f"pooling canary probe failed: {err!r}"
-            return self._judge(replica, alone, list(mixed[: len(alone)]))
+            return self._judge(replica, path, alone, list(mixed[: len(alone)]))
 
-    def _judge(self, replica: Replica, alone: list[str], batched: list[str]) -> str | None:
+    def _judge(self, replica: Replica, path: str, alone: list[str], batched: list[str]
+               ) -> str | None:
         assert replica.identity is not None, "only claimed (identified) replicas are probed"
-        key = replica.identity.fingerprint_id(self.settings.seed)
+        key = f"{replica.identity.fingerprint_id(self.settings.seed)} {path}"
         reference = self.references.setdefault(key, alone)
         if alone != reference:
             n = sum(a != r for a, r in zip(alone, reference, strict=True))

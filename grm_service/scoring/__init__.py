@@ -1,4 +1,4 @@
-"""Scorers (ocr, judge, classify, custom) and the batch scoring flow behind `POST /v1/score`.
+"""Scorers (ocr, judge, classify, clip, custom) and the batch scoring flow behind `POST /v1/score`.
 
 A scorer is `fn(item, ctx) -> float` (sync or async): it asks the model through `ctx` (which
 records every response and fingerprint) and turns the answer into a number. Raising

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from grm_service.dual_scales import DualScales
 from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
 from grm_service.fingerprint import Fingerprint, json_digest
 from grm_service.scoring.context import ItemError, ScorerContext, Send
@@ -27,7 +28,7 @@ from grm_service.scoring.models import (
 )
 
 if TYPE_CHECKING:  # the registry imports the group scorers, which import this module
-    from grm_service.scoring.registry import Scorer
+    from grm_service.scoring.registry import Finish, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ def _response(ctx: ScorerContext, item: ScoreItem) -> str | list[str] | None:
     return ctx.responses if isinstance(item.image, list) else ctx.responses[0]
 
 
-async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequest) -> ItemResult:
-    ctx = ScorerContext(send=send, sampling=req.sampling, options=req.options)
+async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequest,
+                     scales: DualScales | None = None) -> ItemResult:
+    ctx = ScorerContext(send=send, sampling=req.sampling, options=req.options, scales=scales)
     try:
         value = await scorer(with_data_urls(item), ctx)
         if not math.isfinite(value):
@@ -88,11 +90,20 @@ async def score_item(item: ScoreItem, scorer: Scorer, send: Send, req: ScoreRequ
                       fingerprint=fp, digest=item_digest(item.id, value, fp))
 
 
+def _redigested(result: ItemResult) -> ItemResult:
+    """A result whose score `finish` changed, its digest made again over the new score."""
+    digest = item_digest(result.id, result.score, result.fingerprint)
+    return result if digest == result.digest else result.model_copy(update={"digest": digest})
+
+
 async def score_batch(
     req: ScoreRequest, scorer: Scorer, send: Send, concurrency: int, fingerprint_id: str,
-    timed: Callable[[float], None] | None = None,
+    timed: Callable[[float], None] | None = None, scales: DualScales | None = None,
+    finish: Finish | None = None,
 ) -> ScoreResponse:
-    """`timed`, when given, is called with each item's scoring time in seconds."""
+    """`timed`, when given, is called with each item's scoring time in seconds; `scales`: the
+    served dual encoder's (`ScorerContext.scales`); `finish`: the scorer's step over the whole
+    batch's results (a group softmax), before the batch digest."""
     slots: list[ItemResult | None] = [None] * len(req.items)
     todo = iter(enumerate(req.items))
 
@@ -101,7 +112,7 @@ async def score_batch(
         # of a 100,000-item batch is 100,000 tasks made ready at once, run in one loop turn.
         for index, item in todo:
             started = time.perf_counter()
-            slots[index] = await score_item(item, scorer, send, req)
+            slots[index] = await score_item(item, scorer, send, req, scales)
             if timed is not None:
                 timed(time.perf_counter() - started)
             # One item per turn, so that items that fail at once (no await that suspends)
@@ -116,6 +127,8 @@ async def score_batch(
         # The batch fails as a whole (e.g. 503): raise the first cause so it maps to HTTP.
         raise failed.exceptions[0] from None
     results = [r for r in slots if r is not None]
+    if finish is not None:
+        results = [_redigested(r) for r in finish(req.items, results, req.options)]
     errors = sum(r.status == "error" for r in results)
     if errors:
         log.info("scored %d items with %s: %d errors", len(results), req.scorer, errors)

@@ -7,10 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grm_service.dual_scales import DualScales
 from grm_service.fingerprint import Fingerprint
 
 CHAT_PATH = "/v1/chat/completions"
 CLASSIFY_PATH = "/classify"
+EMBED_PATH = "/v1/embeddings"
 
 Reply = tuple[dict[str, Any], Fingerprint]
 Send = Callable[[str, dict[str, Any]], Awaitable[Reply]]
@@ -32,6 +34,8 @@ class ScorerContext:
     options: dict[str, Any] = field(default_factory=dict)
     responses: list[str] = field(default_factory=list)
     fingerprints: list[Fingerprint] = field(default_factory=list)
+    # The served dual encoder's scalars (read from its checkpoint at start-up), or None.
+    scales: DualScales | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **defaults: Any) -> str:
         """The assistant text for `messages`; request `sampling` overrides the scorer defaults."""
@@ -52,6 +56,22 @@ class ScorerContext:
         self.responses.append(json.dumps(values))
         self.fingerprints.append(fingerprint)
         return values
+
+
+    async def embed(self, body: dict[str, Any]) -> list[float]:
+        """One embedding of `body` (`input` text or chat `messages`), as the engine sent it.
+        The answer's digest is in the fingerprint; the vector itself is not kept as a response."""
+        payload, fingerprint = await self.send(EMBED_PATH, body)
+        self.fingerprints.append(fingerprint)
+        return _embedding(payload)
+
+
+def _embedding(payload: dict[str, Any]) -> list[float]:
+    try:
+        values = payload["data"][0]["embedding"]
+        return [float(v) for v in values]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ItemError("the engine's /v1/embeddings answer has no data[0].embedding") from None
 
 
 def content(payload: dict[str, Any]) -> str:

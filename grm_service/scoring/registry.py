@@ -1,8 +1,8 @@
 """Scorer lookup: the built-ins plus custom `NAME=module:function` entries from settings.
 
 A custom scorer is any `fn(item: ScoreItem, ctx: ScorerContext) -> float`, sync or async; it may
-call `await ctx.chat(messages, **sampling)` / `ctx.classify(messages)` to ask the model, or
-score by rule alone. Example: `GRM_SCORERS=exact=my_rewards:exact_match` with
+call `await ctx.chat(messages, **sampling)` / `ctx.classify(messages)` / `ctx.embed(body)` to
+ask the model, or score by rule alone. Example: `GRM_SCORERS=exact=my_rewards:exact_match` with
 
     def exact_match(item, ctx):
         return float((item.completion or "").strip() == (item.reference or "").strip())
@@ -18,31 +18,33 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grm_service.errors import ConfigError, UnknownScorer
-from grm_service.scoring import classify, judge, ocr, reward_head
+from grm_service.scoring import classify, clip, judge, ocr, reward_head
 from grm_service.scoring.context import ItemError, ScorerContext
 from grm_service.scoring.groups import listwise, pairwise
 from grm_service.scoring.groups.scorer import GroupScorer
-from grm_service.scoring.models import ScoreItem, ScoreRequest
+from grm_service.scoring.models import ItemResult, ScoreItem, ScoreRequest
 
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
+# A scorer's step over a whole batch's results (in input order), given its items and options.
+Finish = Callable[[list[ScoreItem], list[ItemResult], dict[str, Any]], list[ItemResult]]
 
 BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score,
-                               "reward_head": reward_head.score}
+                               "reward_head": reward_head.score, "clip": clip.score}
 # Scorers of whole groups (scoring/groups): a request's items are judged group by group.
 GROUP: dict[str, GroupScorer] = {"pairwise": pairwise.SCORER, "listwise": listwise.SCORER}
 # Request-level option checks of the built-ins (InvalidRequest -> 400 before any item runs);
 # a custom scorer reads its options itself.
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ocr": ocr.check_options, "judge": judge.check_options, "classify": classify.check_options,
-    "reward_head": reward_head.check_options,
+    "reward_head": reward_head.check_options, "clip": clip.check_options,
     **{name: group.check_options for name, group in GROUP.items()},
 }
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "ocr": ocr.OPTIONS_SCHEMA, "judge": judge.OPTIONS_SCHEMA, "classify": classify.OPTIONS_SCHEMA,
-    "reward_head": reward_head.OPTIONS_SCHEMA,
+    "reward_head": reward_head.OPTIONS_SCHEMA, "clip": clip.OPTIONS_SCHEMA,
     **{name: group.options_schema for name, group in GROUP.items()},
 }
 
@@ -110,8 +112,14 @@ def registered(specs: tuple[str, ...] = ()) -> list[str]:
 
 # Request-level item checks of the built-ins (400 before any item runs).
 ITEM_CHECKS: dict[str, Callable[[list[ScoreItem], dict[str, Any]], None]] = {
-    "ocr": ocr.check_items,
+    "ocr": ocr.check_items, "clip": clip.check_items,
 }
+# Steps over a whole batch's results, of the built-ins that have one.
+FINISHES: dict[str, Finish] = {"clip": clip.finish}
+
+
+def finish_of(name: str, scorer: Scorer) -> Finish | None:
+    return FINISHES.get(name) if BUILTIN.get(name) is scorer else None
 
 
 def builtin(name: str, scorer: Scorer | GroupScorer) -> bool:

@@ -26,13 +26,15 @@ ORDER = [
     "test_determinism_police.py", "test_ray_launcher.py", "test_groups_engine.py",
     "test_gym_engine.py", "test_chaos.py",
     "test_score_engine.py", "test_cli_score.py", "test_score_reward_head.py",
+    "test_score_clip.py",
 ]
 PRESTART_AT_START = ("classifier", LAUNCHED)
-PRESTART_DURING = {"test_chaos.py": ("vlm",), "test_score_engine.py": ("vlm-reward",)}
+PRESTART_DURING = {"test_chaos.py": ("vlm",), "test_score_engine.py": ("vlm-reward",),
+                   "test_cli_score.py": ("clip",)}
 # Fixture -> the recipe it holds. The text tests' replicas are the launched service's.
 RECIPE_OF = {"text_backends": LAUNCHED, "vlm_backends": "vlm",
              "classifier_backend": "classifier", "launched_text": LAUNCHED,
-             "vlm_reward_backends": "vlm-reward"}
+             "vlm_reward_backends": "vlm-reward", "clip_backends": "clip"}
 POOL = pytest.StashKey[EnginePool]()
 LAST_USE = pytest.StashKey[dict[str, int]]()
 
@@ -145,6 +147,11 @@ def classifier_backend(engine_pool: EnginePool) -> Proc:
 @pytest.fixture(scope="session")
 def vlm_reward_backends(engine_pool: EnginePool) -> list[Proc]:
     return engine_pool.backends("vlm-reward")
+
+
+@pytest.fixture(scope="session")
+def clip_backends(engine_pool: EnginePool) -> list[Proc]:
+    return engine_pool.backends("clip")
 
 
 @pytest.fixture

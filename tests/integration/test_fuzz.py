@@ -193,7 +193,7 @@ def test_no_server_errors_in_generated_requests(
     assert report["test_cases"]["generated"] >= MIN_CASES, report["test_cases"]
     schema = httpx.get(gateway.url + "/openapi.json").json()["components"]["schemas"]
     assert schema["ScoreRequest"]["properties"]["scorer"]["enum"] == [
-        "classify", "judge", "listwise", "ocr", "pairwise", "reward_head"]
+        "classify", "clip", "judge", "listwise", "ocr", "pairwise", "reward_head"]
     bodies = received(stubs)
     judged = [b for b in bodies if "strict grader" in json.dumps(b["body"])]
     classified = [b for b in bodies if "use_activation" in b["body"]]  # the scorer's body

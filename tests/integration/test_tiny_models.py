@@ -63,6 +63,8 @@ def test_folders_are_cached_by_kind_and_builder_version(
         "vlm": f"vlm-b{version}",
         "classifier": f"classifier-b{version}",
         "vlm-reward": f"vlm-reward-b{version}",
+        "clip": f"clip-b{version}",
+        "siglip": f"siglip-b{version}",
     }
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(p.name for p in built.values())
     before = (built["text"] / "model.safetensors").stat().st_mtime_ns
@@ -93,6 +95,28 @@ def test_config_describes_a_tiny_fp32_untied_model(
     assert text["initializer_range"] == tiny_models.INIT_RANGE
     assert text["vocab_size"] == tiny_models.VOCAB_SIZE
     assert safetensors_dtypes(built[kind] / "model.safetensors") == {"F32"}
+
+
+@pytest.mark.parametrize(("kind", "architecture"), [("clip", "CLIPModel"),
+                                                    ("siglip", "SiglipModel")])
+def test_dual_encoders_tokenize_like_clip_and_leave_id_0_to_images(
+    built: dict[ModelKind, Path], kind: ModelKind, architecture: str
+) -> None:
+    """vLLM's CLIP and SigLIP use token id 0 as the image placeholder, which must not be a
+    special token; a text is wrapped in start and end tokens, pooled at the last one."""
+    from transformers import AutoTokenizer
+
+    from grm_service import tiny_dual
+
+    assert read_config(built[kind])["architectures"] == [architecture]
+    assert safetensors_dtypes(built[kind] / "model.safetensors") == {"F32"}
+    tokenizer = AutoTokenizer.from_pretrained(built[kind])
+    ids = tokenizer("a red bird on a wire").input_ids
+    assert tokenizer.convert_ids_to_tokens([ids[0], ids[-1]]) == [tiny_dual.START_TOKEN,
+                                                                  tiny_dual.END_TOKEN]
+    assert 0 not in tokenizer.all_special_ids
+    image_only = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert tokenizer.apply_chat_template(image_only, tokenize=False) == ""
 
 
 def test_vlm_config_and_preprocessor(built: dict[ModelKind, Path]) -> None:

@@ -14,6 +14,8 @@ gateways to a few long-lived replicas instead of launching their own:
 - `classifier`: one `grm-service backend` replica of the tiny sequence classifier ("tiny-cls");
 - `vlm-reward`: two `grm-service backend` replicas of the tiny VLM reward head ("tiny-vlm-rm",
   HPSv3's shape, served by vLLM's pooling runner on /classify), two for failover.
+- `clip`: two `grm-service backend` replicas of the tiny CLIP ("tiny-clip", an embedding model
+  whose text tower takes 77 tokens).
 
 Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
 parallel, and is stopped once no test left in the run asks for it (tests/integration/conftest.py),
@@ -54,7 +56,7 @@ log = logging.getLogger(__name__)
 # is computed (the cache answers repeats by default; grm_service/ledger/cache.py).
 COMPUTE_REPEATS = {"GRM_LEDGER_CACHE_SCORE": "false"}
 START_TIMEOUT_S = 900  # several engines starting at once on 2 cores, a cold compile cache
-ENGINE_FLAGS = ("--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512")
+ENGINE_FLAGS = ("--engine", "vllm-cpu", "--dtype", "float32")
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,12 @@ class Recipe:
     replicas: int
     served: str
     engine_args: tuple[str, ...] = ("--enforce-eager",)
+    max_model_len: int = 512
 
     def flags(self) -> list[str]:
         """The flags a gateway or a backend takes for this recipe (engine args after `--`)."""
-        return [*ENGINE_FLAGS, "--served-model-name", self.served, "--", *self.engine_args]
+        return [*ENGINE_FLAGS, "--max-model-len", str(self.max_model_len),
+                "--served-model-name", self.served, "--", *self.engine_args]
 
 
 RECIPES = {
@@ -76,6 +80,7 @@ RECIPES = {
     "classifier": Recipe("classifier", 1, "tiny-cls", ("--enforce-eager", "--max-num-seqs", "1")),
     "vlm-reward": Recipe("vlm-reward", 2, "tiny-vlm-rm",
                          ("--enforce-eager", "--limit-mm-per-prompt", '{"image": 1, "video": 0}')),
+    "clip": Recipe("clip", 2, "tiny-clip", max_model_len=77),
 }
 LAUNCHED = "launched-text"
 

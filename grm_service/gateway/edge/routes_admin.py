@@ -65,14 +65,17 @@ async def capabilities(gw: GatewayDep) -> dict[str, Any]:
     """What the engine guarantees, and what a client paces itself to: `slots` (requests the
     ready replicas serve at once), `score_items_admitted` (items of /v1/score batches
     accepted at once; past it 429) and `score_max_tokens` (the cap of a scorer's max_tokens
-    where a batch's sampling sets none, or null). `pooling_invariant` and `pooling_note`: whether
-    /classify and /pooling requests (classify, reward_head) may share a batch, and what was
-    measured of that on the engine."""
+    where a batch's sampling sets none, or null). Pooling (`/classify`, `/v1/embeddings`: the
+    classify and clip scorers): `pooling_invariant` (the engine was measured so),
+    `pooling_batched` (the replicas whose pooling canary proved it, the only ones that co-batch
+    it) and `pooling_note` (what was measured)."""
     caps = gw.identity.capabilities
     slots = gw.slots()
+    batched = sorted(r.name for r in gw.pool.replicas if r.pooling_batched)
     return {"batch_invariant": caps.batch_invariant,
             "sampling_invariant": caps.sampling_invariant, "note": caps.note,
-            "pooling_invariant": caps.pooling_invariant, "pooling_note": caps.pooling_note,
+            "pooling_invariant": caps.pooling_invariant, "pooling_batched": batched,
+            "pooling_note": caps.pooling_note,
             "serialize": gw.settings.serialize, "routing": gw.settings.routing,
             "slots": slots, "score_items_admitted": gw.backlog.bound(slots),
             "score_max_tokens": gw.identity.score_max_tokens}

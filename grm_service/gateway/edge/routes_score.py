@@ -21,7 +21,7 @@ from grm_service.scoring.groups.held import HeldGroups
 from grm_service.scoring.groups.scorer import GroupScorer
 from grm_service.scoring.groups.seam import Holder
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
-from grm_service.scoring.registry import check_request, lookup
+from grm_service.scoring.registry import check_request, finish_of, lookup
 from grm_service.scoring.send import make_send
 
 router = APIRouter()
@@ -68,7 +68,8 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
             answer = await score_groups(req, scorer, groups, gw.identity.fingerprint_id, timed)
         else:
             answer = await score_batch(req, scorer, send, gw.settings.score_concurrency,
-                                       gw.identity.fingerprint_id, timed)
+                                       gw.identity.fingerprint_id, timed, gw.scales,
+                                       finish_of(name, scorer))
     failed = answer.fingerprint.errors
     count = gw.metrics.score_items.labels
     count(req.scorer, "ok").inc(len(answer.results) - failed)

@@ -9,7 +9,8 @@ audit's re-runs and any faster forwarding path all call this one function and re
 canary is not checked: it builds its own bodies. `scan` + `check_images` are the same check in
 two halves, for a caller that wants the image bytes checked off its event loop.
 
-What passes, for `/v1/chat/completions`, `/v1/responses` and `/classify` bodies:
+What passes, for `/v1/chat/completions`, `/v1/responses`, `/classify` and `/v1/embeddings`
+bodies:
 - **top-level fields**: anything but `DENIED` (fields that make the engine run client code or
   reach outside the request); `seed` an integer in [0, 2**63-1] (what the engine accepts; a
   float or a bool would be forwarded as-is while the fingerprint claimed an integer);
@@ -67,7 +68,8 @@ from grm_service.mime import is_data_url
 SEED_MAX = 2**63 - 1
 CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
-FORWARDED_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH, "/classify", "/pooling"})
+FORWARDED_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH, "/classify", "/pooling",
+                             "/v1/embeddings"})
 DENIED = {
     "chat_template": "a client-supplied chat template runs in the engine",
     "logits_processors": "it loads code into the engine",

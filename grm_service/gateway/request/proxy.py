@@ -17,6 +17,7 @@ from prometheus_client import Counter, Gauge
 from grm_service import jsonload
 from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode, SerializeMode, Settings
+from grm_service.dual_scales import DualScales
 from grm_service.engines import Capabilities
 from grm_service.errors import (
     BackendFailed,
@@ -117,6 +118,9 @@ class Gateway:
     # The process's one count of refusals (`Service`'s, shared with the edge); a Gateway built
     # alone makes its own.
     refusals: Refusals | None = None
+    # The served dual encoder's logit_scale/logit_bias, read from its checkpoint at start-up
+    # (`dual_scales.py`): the `clip` scorer's; None where the model is none or not on this host.
+    scales: DualScales | None = None
     queued: int = 0
     batches: int = 0  # score batches admitted and not yet answered (`batch`)
     limits: checkpoint.Limits = field(init=False)
@@ -247,13 +251,20 @@ _ON, _AUTO, _LEAST_LOADED = SerializeMode.ON, SerializeMode.AUTO, RoutingMode.LE
 
 # Pooling runs alone on a replica unless the engine profile declares it batch-invariant (an
 # engine version where that was measured) and the replica's pooling canary proved it.
-POOLING_PATHS = frozenset({"/classify", "/pooling"})
+POOLING_PATHS = frozenset({"/classify", "/pooling", "/v1/embeddings"})
 
 
 def pooling_alone(replica: Replica, caps: Capabilities, mode: SerializeMode) -> bool:
     if mode is _ON:
         return True
     return not (caps.pooling_invariant and replica.pooling_batched)
+
+
+def runs_alone(replica: Replica, pooling: bool, alone: bool, caps: Capabilities,
+               mode: SerializeMode) -> bool:
+    """Whether this request runs alone on `replica`: `alone` (`must_run_alone` of a generative
+    body), a replica the live audit serialized, or pooling not proven there."""
+    return alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
 
 
 def must_run_alone(body: dict[str, Any], caps: Capabilities, mode: SerializeMode) -> bool:
@@ -469,7 +480,7 @@ async def _send(gw: Gateway, path: str, body: dict[str, Any], raw: Body, pin: st
     alone = not pooling and must_run_alone(body, caps, mode)
     errors = []
     for replica in order[: gw.path_settings.max_attempts]:
-        serialized = alone or replica.serialized or (pooling and pooling_alone(replica, caps, mode))
+        serialized = runs_alone(replica, pooling, alone, caps, mode)
         try:
             payload, engine_json = await _attempt(gw, replica, path, raw, serialized, owed)
         except _Retryable as err:

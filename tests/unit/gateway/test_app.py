@@ -9,7 +9,8 @@ import pytest
 from starlette.requests import Request
 
 from grm_service.config import Settings
-from grm_service.gateway.app import create_app
+from grm_service.errors import ConfigError
+from grm_service.gateway.app import _scales, create_app
 from grm_service.gateway.edge import deps
 from grm_service.gateway.edge.replies import validation_reply
 from grm_service.gateway.service import Service
@@ -43,3 +44,11 @@ async def test_the_lifespan_opens_the_held_groups_in_the_work_dir_and_closes_the
         assert (tmp_path / "groups.sqlite").is_file()
     with pytest.raises(RuntimeError):  # its thread is gone: closed with the process's stop
         await held.open_groups()
+
+
+def test_the_served_dual_encoders_scales_are_read_once_at_start(tmp_path: Path) -> None:
+    attached = Settings(backend_urls=["http://127.0.0.1:9"])
+    assert _scales(attached) is None, "no model: the clip scorer says so per item"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["CLIPModel"]}))
+    with pytest.raises(ConfigError, match="convert it to safetensors"):
+        _scales(Settings(model=str(tmp_path)))

@@ -110,3 +110,49 @@ async def test_generative_replica_and_unproven_profiles_are_not_probed() -> None
         assert await run(c, r, httpx.MockTransport(count)) is None
         assert not r.pooling_batched
     assert calls == 0
+
+
+def embedder(shift_images_when_batched: float = 0.0, images: bool = True
+             ) -> tuple[httpx.MockTransport, list[str]]:
+    """An embedding model (CLIP-shaped): no /classify; /v1/embeddings embeds `input` texts and,
+    where `images`, chat messages with one image, whose vectors shift when co-batched."""
+    inflight, seen = 0, []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal inflight
+        if request.url.path != "/v1/embeddings":
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        body = json.loads(request.content)
+        kind = "text" if "input" in body else "image"
+        if kind == "image" and not images:
+            return httpx.Response(400, json={"error": {"message": "text-only model"}})
+        seen.append(kind)
+        inflight += 1
+        await asyncio.sleep(0.001)
+        shared = inflight > 1
+        inflight -= 1
+        value = len(json.dumps(body)) / 1e6
+        if kind == "image" and shared:
+            value += shift_images_when_batched
+        return httpx.Response(200, json={"data": [{"index": 0, "embedding": [value, 1.0]}]})
+
+    return httpx.MockTransport(handle), seen
+
+
+async def test_an_embedding_model_is_probed_on_embeddings_with_texts_and_images() -> None:
+    replica = make_replica("r0")
+    transport, seen = embedder()
+    assert await run(check(), replica, transport) is None
+    assert replica.pooling_batched
+    assert "image" in seen and "text" in seen
+    text_only = make_replica("r1")
+    transport, seen = embedder(images=False)
+    assert await run(check(), text_only, transport) is None
+    assert text_only.pooling_batched and set(seen) == {"text"}
+
+
+async def test_an_image_tower_that_changes_when_co_batched_keeps_pooling_serialized() -> None:
+    replica = make_replica("r0")
+    transport, _ = embedder(shift_images_when_batched=1e-9)
+    assert await run(check(), replica, transport) is None, "admitted"
+    assert not replica.pooling_batched, "only the image probes moved: still caught"

@@ -21,7 +21,8 @@ async def test_custom_scorers_sync_async_and_failing() -> None:
 
 
 def test_unknown_scorer_and_bad_specs() -> None:
-    with pytest.raises(UnknownScorer, match="registered: classify, judge, listwise, ocr, pairwise"):
+    with pytest.raises(UnknownScorer,
+                       match="registered: classify, clip, judge, listwise, ocr, pairwise"):
         lookup("nope")
     with pytest.raises(ConfigError, match="NAME=module:function"):
         parse_spec("justaname")

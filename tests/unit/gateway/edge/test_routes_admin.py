@@ -30,7 +30,8 @@ async def test_a_served_replica_is_ready_and_named_in_the_identity(stub: Proc,
     assert identity["identity"] == "unverified" and identity["model"] == "rm"
     assert identity["replicas"] == {"r0": identity["fingerprint_id"]}
     assert caps["batch_invariant"] is False and "unverified" in caps["note"]
-    assert caps["pooling_invariant"] is False and "serialized" in caps["pooling_note"]
+    assert (caps["pooling_invariant"], caps["pooling_batched"]) == (False, [])
+    assert "/v1/embeddings" in caps["pooling_note"] and "runs alone" in caps["pooling_note"]
     assert (caps["serialize"], caps["routing"]) == (settings.serialize, settings.routing)
     # One unverified replica serves one request at a time; 32 score items admitted per slot.
     assert (caps["slots"], caps["score_items_admitted"], caps["score_max_tokens"]) == (1, 32,

@@ -101,3 +101,21 @@ async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> Non
     with pytest.raises(proxy._Retryable, match="went down while the request waited"):
         await waiting
     assert replica.gate.inflight == 0 and gw.queued == 0
+
+
+@pytest.mark.parametrize(("path", "batched", "caps", "alone"), [
+    ("/v1/embeddings", False, BI, True),  # pooling never measured: alone even where chat is not
+    ("/v1/embeddings", True, BI, True),  # a canary pass counts only where the profile claims
+    ("/v1/embeddings", True, Capabilities(True, True, "", pooling_invariant=True), False),
+    ("/classify", False, BI, True),
+    ("/v1/chat/completions", False, BI, False),
+])
+def test_embeddings_are_pooling_and_run_alone_unless_proven(
+        path: str, batched: bool, caps: Capabilities, alone: bool) -> None:
+    replica = Replica("r0", "http://r0", state=ReplicaState.READY)
+    replica.pooling_batched = batched
+    pooling = path in proxy.POOLING_PATHS
+    generative_alone = not pooling and must_run_alone({"temperature": 0}, caps,
+                                                      SerializeMode.AUTO)
+    assert proxy.runs_alone(replica, pooling, generative_alone, caps,
+                            SerializeMode.AUTO) is alone
