@@ -15,14 +15,8 @@ DOCUMENTS = sorted([
     *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").rglob("*.md"),
 ])
 README_LINES = 300
-# Pages the README links to that work on issues 48 and 49 adds; remove a name once it exists.
-PENDING_PAGES = {"docs/groups.md", "docs/groups-held.md", "docs/nemo-gym.md", "docs/images.md"}
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-
-
-def pending(path: Path) -> bool:
-    return path.as_posix() in PENDING_PAGES
 
 
 def anchor(heading: str) -> str:
@@ -44,8 +38,7 @@ def broken(page: Path) -> list[str]:
         path, _, fragment = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            if not (dest.is_relative_to(ROOT) and pending(dest.relative_to(ROOT))):
-                out.append(f"{target}: no such file")
+            out.append(f"{target}: no such file")
         elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             out.append(f"{target}: no such heading")
     return out
