@@ -66,7 +66,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 
 def test_every_permutation_judged_by_the_engine_gives_the_same_rewards(service: Proc) -> None:
     rng = random.Random(48)
-    table = []
+    table: list[dict[str, Any]] = []
     for size, scorer, options in CONFIGS:
         for in_flight in (1, 64):
             started = time.monotonic()
