@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 from nemo_gym.base_resources_server import BaseVerifyRequest, BaseVerifyResponse
+from nemo_gym.config_types import AggregateMetrics
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.reward_profile import compute_aggregate_metrics
 from nemo_gym.server_utils import get_response_json
 
 from tests.gym.rollouts import MODEL, RESOURCES, collect, server_client
@@ -114,3 +116,28 @@ def test_bad_verify_requests_are_refused_naming_the_field(
 
     got, text = loop.run_until_complete(verify())
     assert got == status and says in text, text
+
+
+def test_aggregate_metrics_answers_gyms_model_with_gyms_own_means(
+    served: tuple[Proc, list[Proc]], loop: asyncio.AbstractEventLoop
+) -> None:
+    """What rollout collection calls last: the service's answer is Gym's `AggregateMetrics`,
+    with the means Gym's own resources servers compute from the same verify responses."""
+    gateway, _ = served
+    answers = run(loop, gateway.url, ROWS)
+
+    async def aggregate() -> tuple[int, dict[str, Any]]:
+        server = server_client(gateway.url)
+        async with asyncio.timeout(60):
+            got = await server.post(server_name=RESOURCES, url_path="/aggregate_metrics",
+                                    json={"verify_responses": answers})
+            return got.status, await get_response_json(got)
+
+    status, metrics = loop.run_until_complete(aggregate())
+    assert status == 200, metrics
+    ours = AggregateMetrics.model_validate(metrics)
+    gyms = compute_aggregate_metrics(answers)
+    assert ours.key_metrics["mean/reward"] == pytest.approx(gyms.key_metrics["mean/reward"])
+    assert [g["_ng_task_index"] for g in ours.group_level_metrics] == [0, 1]
+    assert [g["mean/reward"] for g in ours.group_level_metrics] == pytest.approx(
+        [g["mean/reward"] for g in gyms.group_level_metrics])

@@ -1,5 +1,6 @@
 """NeMo Gym's resources-server contract: `POST /verify` (and `/seed_session`, which Gym's
-agents call first), scored by the `/v1/score` machinery (`routes_score.run_score`).
+agents call first, and `/aggregate_metrics`, which its rollout collection calls last), scored
+by the `/v1/score` machinery (`routes_score.run_score`).
 
 The reward comes from the scorer the server's configuration names (`GRM_VERIFY_SCORER`: a scorer
 or a preset), on the item `scoring/gym.py` reads out of Gym's request. The answer is Gym's
@@ -24,7 +25,7 @@ from grm_service.gateway.request.answer import RESPONSE_JSON
 from grm_service.gateway.request.proxy import Gateway
 from grm_service.ledger.book import SCORE_ROUTE
 from grm_service.ledger.records import Origin
-from grm_service.scoring import gym
+from grm_service.scoring import gym, gym_metrics
 from grm_service.scoring.groups.held import HeldGroups
 from grm_service.scoring.models import ItemResult, ScoreRequest
 
@@ -44,6 +45,12 @@ class VerifyRequest(BaseModel):
     response: dict[str, Any]
 
 
+class AggregateMetricsRequest(BaseModel):
+    """Gym's `AggregateMetricsRequest`: the verify responses of a rollout collection."""
+
+    verify_responses: list[dict[str, Any]]
+
+
 def check_scorer(settings: Settings, names: list[str]) -> list[str]:
     """`names` (every scorer and preset), once GRM_VERIFY_SCORER is found among them; a
     setting that names none fails start-up instead of every /verify."""
@@ -51,6 +58,12 @@ def check_scorer(settings: Settings, names: list[str]) -> list[str]:
         raise ConfigError(f"GRM_VERIFY_SCORER={settings.verify_scorer!r} names no scorer or "
                           f"preset; known: {', '.join(names)}")
     return names
+
+
+@router.post("/aggregate_metrics")
+async def aggregate_metrics(body: AggregateMetricsRequest) -> dict[str, Any]:
+    """The rewards of the collection's verify responses, per task and over all."""
+    return gym_metrics.aggregate(body.verify_responses)
 
 
 @router.post("/seed_session")
