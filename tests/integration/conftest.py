@@ -17,14 +17,15 @@ from tests.support.procs import Proc, start_stub
 
 # The engine modules, in the order they run: the classifier's users first, then the users of the
 # launched service's text replicas (both recipes start with the run): the police and Ray with
-# engines of their own besides, the group judges (one replica killed mid-group), NeMo Gym's
-# (late: its client's venv is built beside the suite), the replica-killing chaos last of them,
+# engines of their own besides, NeMo Gym's (late: its client's venv is built beside the suite),
+# the group judges (one replica killed mid-group: after it the text replicas' addresses may be
+# others, so no test that attaches to them comes later), the replica-killing chaos last of them,
 # then the VLM's, whose replicas start during chaos. At most six engines run at once (about
 # 2.2 GiB each here).
 ORDER = [
     "test_score_classify.py", "test_engine_cpu.py", "test_integrations.py",
-    "test_determinism_police.py", "test_ray_launcher.py", "test_groups_engine.py",
-    "test_gym_engine.py", "test_chaos.py",
+    "test_determinism_police.py", "test_ray_launcher.py", "test_gym_engine.py",
+    "test_groups_engine.py", "test_chaos.py",
     "test_score_engine.py", "test_cli_score.py", "test_score_reward_head.py",
     "test_score_clip.py",
 ]

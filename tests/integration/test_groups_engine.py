@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.integration.test_chaos import backend_failures
-from tests.support.engines import Replica, attach_args
+from tests.support.engines import COMPUTE_REPEATS, Replica, attach_args
 from tests.support.groups import group_items
 from tests.support.procs import Proc, running_gateway, wait_ready
 
@@ -96,6 +96,30 @@ def test_any_permutation_at_1_and_64_in_flight_gives_the_same_rewards(own: Proc)
                     if r["fingerprint"]]
             assert hits and set(hits) <= {"hit", "coalesced"}  # the same bytes were sent
     assert judged > 0, "no item got a reward: the comparison proves little"
+
+
+@pytest.fixture(scope="module")
+def computing(text_backends: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A gateway whose score cache is off: every permutation is judged by the engines."""
+    tmp = tmp_path_factory.mktemp("groups-computed")
+    env = {"GRM_SCORE_ITEMS_PER_SLOT": "1024", **COMPUTE_REPEATS}
+    with running_gateway(tmp, *attach_args(text_backends, "tiny"), env=env) as gateway:
+        yield gateway
+
+
+def test_every_permutation_judged_by_the_engines_at_once_gives_the_same_rewards(
+    computing: Proc
+) -> None:
+    """The cache above proves the same bytes were sent; here the engines judge all 20
+    permutations of a group of 8, 19 of them at once, co-batched with each other."""
+    answers = asyncio.run(permuted(computing.url, 8, "pairwise", VOWELS, 64,
+                                   random.Random(50)))
+    cached = [r["fingerprint"].get("cache") for a in answers for r in a["results"]
+              if r["fingerprint"]]
+    assert cached and not any(cached), "answered from the ledger, not judged"
+    expected = rewards(answers[0])
+    assert all(rewards(a) == expected for a in answers[1:])
+    assert any(r[0] is not None for r in expected.values())
 
 
 def test_a_replica_sigkilled_mid_group_changes_no_reward(

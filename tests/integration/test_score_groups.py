@@ -20,7 +20,8 @@ from tests.support.groups import LISTWISE_HEX, PAIRWISE_HEX, group_items
 from tests.support.procs import Proc, gateway_on_stubs, received
 
 ENV = {"GRM_LEDGER_CACHE_SCORE": "false", "GRM_GROUP_MAX_SIZE": "16",
-       "GRM_LEDGER_FLUSH_INTERVAL_S": "0.2"}
+       "GRM_LEDGER_FLUSH_INTERVAL_S": "0.2", "GRM_GROUP_TIMEOUT_S": "1",
+       "GRM_AUDIT_FRACTION": "0"}  # the stubs see the comparisons alone, no audit re-runs
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("pairwise", PAIRWISE_HEX),
     ("pairwise", {**PAIRWISE_HEX, "strategy": "all_pairs", "both_orders": True}),
@@ -110,14 +111,16 @@ def test_bad_group_requests_are_400_naming_what_to_fix(
     assert received(stubs) == []  # before any item ran
 
 
-def test_an_incomplete_group_is_each_items_error_and_pointwise_ignores_groups(
+def test_an_incomplete_group_that_never_fills_is_each_items_error_and_pointwise_ignores_groups(
     service: tuple[Proc, list[Proc]],
 ) -> None:
     gateway, _ = service
     items = [{**i, "group_size": 4} for i in group_items(2, random.Random(1), "g")]
     held = score(gateway, {"scorer": "pairwise", "items": items}).json()
     assert [r["status"] for r in held["results"]] == ["error", "error"]
-    assert "has 2 of its 4 items" in held["results"][0]["error"]
+    # Held for the rest of the group, which never comes: GRM_GROUP_TIMEOUT_S (1 s here).
+    assert "2 of its 4 items" in held["results"][0]["error"]
+    assert "GRM_GROUP_TIMEOUT_S" in held["results"][0]["error"]
     pointwise = score(gateway, {"scorer": "judge", "items": items,
                                 "options": {"pattern": "stub-([0-9])", "min": 0, "max": 9}})
     assert pointwise.status_code == 200 and len(pointwise.json()["results"]) == 2
