@@ -13,6 +13,7 @@ ones, so that a test can tell a scorer that reads the checkpoint from one that r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,27 +49,26 @@ _TOWER: dict[str, Any] = {
 }
 
 
-def build_dual_model(kind: DualKind, out: Path) -> None:
-    """Write the model files of `kind` into the existing, empty folder `out`."""
+def build_dual_model(kind: DualKind, out: Path, corpus: Iterable[str]) -> None:
+    """Write the model files of `kind` into the existing, empty folder `out`; the tokenizer is
+    trained on `corpus` (`tiny_models.training_corpus`, so every builder makes the same bytes)."""
     compat.install()  # Before transformers: a broken torchvision breaks its model imports.
-    tokenizer = _tokenizer()
+    tokenizer = _tokenizer(corpus)
     model = _clip(tokenizer) if kind == "clip" else _siglip(tokenizer)
     model.save_pretrained(out, safe_serialization=True)
     _processor(kind, tokenizer).save_pretrained(out)
 
 
-def _tokenizer() -> Any:
+def _tokenizer(corpus: Iterable[str]) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from grm_service.tiny_models import training_corpus
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - 2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(training_corpus(2000), trainer=trainer)
+    bpe.train_from_iterator(corpus, trainer=trainer)
     bpe.add_special_tokens([START_TOKEN, END_TOKEN])
     start, end = bpe.token_to_id(START_TOKEN), bpe.token_to_id(END_TOKEN)
     bpe.post_processor = processors.TemplateProcessing(

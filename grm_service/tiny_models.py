@@ -137,7 +137,7 @@ def build_tiny_model(kind: ModelKind, out: Path) -> None:
     if kind in ("clip", "siglip"):
         from grm_service.tiny_dual import build_dual_model
 
-        build_dual_model("clip" if kind == "clip" else "siglip", out)
+        build_dual_model("clip" if kind == "clip" else "siglip", out, training_corpus(2000))
         return
     compat.install()  # Before transformers: a broken torchvision breaks its model imports.
     tokenizer = build_tokenizer()
@@ -149,7 +149,7 @@ def build_tiny_model(kind: ModelKind, out: Path) -> None:
     elif kind == "vlm-reward":
         from grm_service.tiny_vlm_reward import save_vlm_reward
 
-        save_vlm_reward(tokenizer, out)
+        save_vlm_reward(qwen2_vl_config(tokenizer), out, SEED, INIT_RANGE)
         _write_json(out / "preprocessor_config.json", _preprocessor_config())
     else:
         _save_vlm(tokenizer, out)

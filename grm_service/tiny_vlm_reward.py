@@ -16,8 +16,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grm_service.tiny_models import INIT_RANGE, SEED, qwen2_vl_config
-
 ARCHITECTURE = "Qwen2VLForSequenceClassification"
 LABELS = ("mu", "sigma")
 # vLLM's name of the head: a converted VLM classifier keeps it on its language model, and the
@@ -25,24 +23,24 @@ LABELS = ("mu", "sigma")
 HEAD = "language_model.score.weight"
 
 
-def save_vlm_reward(tokenizer: Any, out: Path) -> None:
-    """The classifier checkpoint into `out` (the tokenizer and preprocessor are the caller's)."""
+def save_vlm_reward(config: Any, out: Path, seed: int, init_range: float) -> None:
+    """The classifier checkpoint of the tiny Qwen2-VL `config` into `out`, its weights drawn from
+    `seed` (the tokenizer and preprocessor are the caller's)."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import Qwen2VLForConditionalGeneration
 
-    config = qwen2_vl_config(tokenizer)
     config.dtype = "float32"
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model_class: Any = Qwen2VLForConditionalGeneration  # untyped constructor
     model = model_class(config).to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
     # The LM head goes (a classifier has none); the score head comes from its own seed.
     weights_path = out / "model.safetensors"
     weights = {k: v for k, v in load_file(weights_path).items() if not k.startswith("lm_head.")}
-    generator = torch.Generator().manual_seed(SEED + 1)
+    generator = torch.Generator().manual_seed(seed + 1)
     hidden = config.text_config.hidden_size
-    weights[HEAD] = torch.randn(len(LABELS), hidden, generator=generator) * INIT_RANGE
+    weights[HEAD] = torch.randn(len(LABELS), hidden, generator=generator) * init_range
     save_file(weights, weights_path, metadata={"format": "pt"})
     _write_config(out / "config.json")
 

@@ -12,12 +12,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from grm_service.dual_scales import DualScales
-from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
 from grm_service.fingerprint import Fingerprint, json_digest
-from grm_service.scoring.context import ItemError, ScorerContext, Send
+from grm_service.scoring.context import (
+    ITEM_FAILURES,
+    Finish,
+    ItemError,
+    Scorer,
+    ScorerContext,
+    Send,
+)
 from grm_service.scoring.images import to_data_url
 from grm_service.scoring.models import (
     BatchFingerprint,
@@ -27,15 +32,7 @@ from grm_service.scoring.models import (
     ScoreResponse,
 )
 
-if TYPE_CHECKING:  # the registry imports the group scorers, which import this module
-    from grm_service.scoring.registry import Finish, Scorer
-
 log = logging.getLogger(__name__)
-
-# Failures of one item (InvalidRequest: the checkpoint refused what this item would send);
-# anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
-ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
-
 
 def with_data_urls(item: ScoreItem) -> ScoreItem:
     """The item with every image as a data URL (checked by the checkpoint when sent)."""

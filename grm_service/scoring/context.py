@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.dual_scales import DualScales
+from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
 from grm_service.fingerprint import Fingerprint
+from grm_service.scoring.models import ItemResult, ScoreItem
 
 CHAT_PATH = "/v1/chat/completions"
 CLASSIFY_PATH = "/classify"
@@ -64,6 +66,17 @@ class ScorerContext:
         payload, fingerprint = await self.send(EMBED_PATH, body)
         self.fingerprints.append(fingerprint)
         return _embedding(payload)
+
+
+
+# Failures of one item (InvalidRequest: the checkpoint refused what this item would send);
+# anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
+ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
+
+# A pointwise scorer; `Finish`: a scorer's step over a whole batch's results (in input
+# order), given its items and options (clip's softmax).
+Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
+Finish = Callable[[list[ScoreItem], list[ItemResult], dict[str, Any]], list[ItemResult]]
 
 
 def _embedding(payload: dict[str, Any]) -> list[float]:

@@ -14,22 +14,19 @@ import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from grm_service.errors import ConfigError, UnknownScorer
 from grm_service.scoring import classify, clip, judge, ocr, reward_head
-from grm_service.scoring.context import ItemError, ScorerContext
+from grm_service.scoring.context import Finish, ItemError, Scorer, ScorerContext
 from grm_service.scoring.groups import listwise, pairwise
 from grm_service.scoring.groups.scorer import GroupScorer
-from grm_service.scoring.models import ItemResult, ScoreItem, ScoreRequest
+from grm_service.scoring.models import ScoreItem, ScoreRequest
 
 log = logging.getLogger(__name__)
 
-Scorer = Callable[[ScoreItem, ScorerContext], Awaitable[float]]
 UserScorer = Callable[[ScoreItem, ScorerContext], Any]
-# A scorer's step over a whole batch's results (in input order), given its items and options.
-Finish = Callable[[list[ScoreItem], list[ItemResult], dict[str, Any]], list[ItemResult]]
 
 BUILTIN: dict[str, Scorer] = {"ocr": ocr.score, "judge": judge.score, "classify": classify.score,
                                "reward_head": reward_head.score, "clip": clip.score}

@@ -14,26 +14,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from typing import NamedTuple
 
 from grm_service.config import Settings
 from grm_service.errors import BadHeader, TooLarge, Unauthorized
-from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.head import Asker, RequestHead
 from grm_service.gateway.edge.replies import Reply, error_reply
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
 # Open unless GRM_METRICS_AUTH: the gateway's metrics, and the engines' relayed (routes_engines).
 METRICS_PATHS = frozenset({"/metrics", "/metrics/targets", "/metrics/engine"})
-
-
-class Asker(NamedTuple):
-    """Who asks: the key presented (None: no usable credentials), and whether it is one of the
-    service's keys (always True where the service has none). An open path admits an asker
-    without a valid key; it shows such an asker less (`/ready`). A tuple: one is built per
-    request, and a frozen dataclass's `__init__` costs several times as much."""
-
-    key: bytes | None
-    authorized: bool
 
 
 def presented_key(header: bytes) -> bytes | None:

@@ -8,8 +8,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grm_service.config import Settings
 from grm_service.errors import GrmError, TooLarge
-from grm_service.gateway.edge.admission import Admission, Asker
-from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.admission import Admission
+from grm_service.gateway.edge.head import Asker, RequestHead
 from grm_service.gateway.edge.replies import error_reply, send_reply
 from grm_service.gateway.request.checkpoint import check_json_shape
 

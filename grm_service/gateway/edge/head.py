@@ -9,12 +9,11 @@ libraries: starlette's `Headers.get` takes the first, a dict of the list the las
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
 
 if TYPE_CHECKING:
-    from grm_service.gateway.edge.admission import Asker
     from grm_service.gateway.edge.replies import Reply
 
 Headers = list[tuple[bytes, bytes]]
@@ -22,6 +21,16 @@ Headers = list[tuple[bytes, bytes]]
 _PIN = PIN_HEADER.encode()
 _RUN, _STEP = RUN_HEADER.encode(), STEP_HEADER.encode()
 SINGLETONS = (b"authorization", b"content-length", b"content-type", b"host", _PIN)
+
+
+class Asker(NamedTuple):
+    """Who asks: the key presented (None: no usable credentials), and whether it is one of the
+    service's keys (always True where the service has none). An open path admits an asker
+    without a valid key; it shows such an asker less (`/ready`). A tuple: one is built per
+    request, and a frozen dataclass's `__init__` costs several times as much."""
+
+    key: bytes | None
+    authorized: bool
 
 
 class RequestHead:

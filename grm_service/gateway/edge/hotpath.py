@@ -38,10 +38,9 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grm_service.errors import GrmError, ServiceUnavailable, TooLarge
-from grm_service.gateway.edge.admission import Asker
 from grm_service.gateway.edge.bad_json import invalid_json
 from grm_service.gateway.edge.guards import HEAD, read_body
-from grm_service.gateway.edge.head import Headers, RequestHead
+from grm_service.gateway.edge.head import Asker, Headers, RequestHead
 from grm_service.gateway.edge.replies import (
     Reply,
     answer_reply,

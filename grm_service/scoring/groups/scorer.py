@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.fingerprint import Fingerprint
-from grm_service.scoring.batch import ITEM_FAILURES
-from grm_service.scoring.context import CHAT_PATH, Send, content
+from grm_service.scoring.context import CHAT_PATH, ITEM_FAILURES, Send, content
 from grm_service.scoring.groups.canon import Candidate, derive_seed
 
 

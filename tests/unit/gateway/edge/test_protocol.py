@@ -23,9 +23,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from grm_service.config import Settings
-from grm_service.gateway.edge.admission import Asker
 from grm_service.gateway.edge.body_reads import body_buffer
-from grm_service.gateway.edge.head import RequestHead
+from grm_service.gateway.edge.head import Asker, RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
 from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
 from grm_service.gateway.edge.protocol_check import missing, protocol_for
