@@ -87,7 +87,9 @@ def test_overload_is_refused_at_admission_before_any_work_and_logged_once(
 
     received(stubs, clear=True)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        first = pool.submit(batch, "A", 8)  # nothing else owed: admitted whatever its size
+        # Nothing else owed: admitted whatever its size. 24 items on 2 slots keep it running
+        # about 5 s, so the three batches below meet it owed even on a loaded machine.
+        first = pool.submit(batch, "A", 24)
         wait_until(lambda: bool(received(stubs)), "the first batch's items running")
         refused = [batch(f"B{k}-", 4) for k in range(3)]
         assert first.result().status_code == 200
@@ -95,7 +97,7 @@ def test_overload_is_refused_at_admission_before_any_work_and_logged_once(
         assert answer.status_code == 429, answer.text
         assert int(answer.headers["retry-after"]) >= 1
         assert "GRM_SCORE_ITEMS_PER_SLOT=4" in answer.json()["error"]["message"]
-    assert len(received(stubs)) == 8, "an item of a refused batch reached a replica"
+    assert len(received(stubs)) == 24, "an item of a refused batch reached a replica"
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'grm_rejected_total{reason="score_backlog"} 3.0' in metrics
     logged = [line for line in gateway.tail(400).splitlines() if "(score_backlog)" in line]
