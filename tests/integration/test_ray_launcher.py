@@ -214,7 +214,9 @@ def ray_run(tmp: Path, two_nodes: TwoNodes) -> Iterator[RayRun]:
             "--ray-address", two_nodes.address, "--ray-placement", "spread",
             *RECIPES["text"].flags()]
     env = {**two_nodes.env, "GRM_HEALTH_INTERVAL_S": "1"}
-    with running_gateway(tmp, *args, env=env, timeout=600) as gw:
+    # Its bounded stop (drain, each replica's grace and slack, then Ray's own shutdown) can pass
+    # the default minute on a loaded machine, and a SIGKILLed gateway records no coverage.
+    with running_gateway(tmp, *args, env=env, timeout=600, stop_timeout=180) as gw:
         yield RayRun(gw, two_nodes, ask(gw), replicas_ready(gw))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -16,6 +17,8 @@ from pathlib import Path
 import httpx
 
 from tests.support.tied import tie
+
+log = logging.getLogger(__name__)
 
 
 def gone_pid() -> int:
@@ -43,6 +46,8 @@ class Proc:
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
+            log.warning("pid %d still running %.0f s after %s: SIGKILLed", self.popen.pid,
+                        timeout, sig.name)
             os.killpg(self.popen.pid, signal.SIGKILL)
             return self.popen.wait(10)
         finally:
@@ -106,15 +111,18 @@ def wait_ready(proc: Proc, timeout: float, key: str | None = None) -> None:
 
 @contextlib.contextmanager
 def running_gateway(
-    tmp: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+    tmp: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
+    stop_timeout: float = 60,
 ) -> Iterator[Proc]:
+    """A gateway for the `with` block; stopped by SIGTERM, SIGKILLed after `stop_timeout` s (a
+    SIGKILLed process leaves no coverage data)."""
     proc = start_gateway(tmp, *args, env=env)
     keys = (env or {}).get("GRM_API_KEYS", "")
     try:
         wait_ready(proc, timeout, keys.split(",")[0].strip() or None)
         yield proc
     finally:
-        proc.stop()
+        proc.stop(timeout=stop_timeout)
 
 
 # A deadline for waits on things that take seconds: only a broken run comes near it, so it can
