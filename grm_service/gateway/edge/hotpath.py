@@ -51,9 +51,9 @@ from grm_service.gateway.edge.replies import (
 from grm_service.gateway.edge.rules import CHAT_RULES, CLASSIFY_RULES, NotPlain
 from grm_service.gateway.request import longstrings
 from grm_service.gateway.request.answer import Forwarded
-from grm_service.gateway.request.checkpoint import check_json_shape
 from grm_service.gateway.request.proxy import forward, prepare
 from grm_service.gateway.request.send import pooling_body
+from grm_service.gateway.request.shape import check_json_shape
 from grm_service.gateway.service import Service
 from grm_service.ledger.records import Origin
 
