@@ -209,7 +209,7 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     from grm_service import fingerprint
     from grm_service.gateway.edge import hotpath
     from grm_service.gateway.request import checkpoint, router
-    from grm_service.gateway.request.checkpoint import check_json_shape
+    from grm_service.gateway.request.shape import check_json_shape
 
     raw = json.dumps(body).encode()
     limits = Limits(ImageLimits(max_bytes=20 << 20, max_pixels=40_000_000))

@@ -41,7 +41,9 @@ BUCKETS = [
     ("grm_service.fingerprint / blake3", r"grm_service/fingerprint\.py|blake3"),
     ("grm_service.gateway.request.router (canonical json, crc32)",
      r"grm_service/gateway/request/router\.py|grm_service/canonical\.py|grm_service/checksum\.py"),
-    ("grm_service.gateway.request.proxy", r"grm_service/gateway/request/proxy\.py"),
+    # forward and the modules it runs through per request (context, attempt, serialization).
+    ("grm_service.gateway.request.proxy",
+     r"grm_service/gateway/request/(proxy|context|exchange|alone)\.py"),
     ("grm_service.gateway.request.upstream (the replica hop)",
      r"grm_service/gateway/request/upstream\.py"),
     ("grm_service.ledger", r"grm_service/ledger/"),

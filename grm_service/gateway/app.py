@@ -36,7 +36,7 @@ from grm_service.gateway.edge.middleware import MetricsMiddleware
 from grm_service.gateway.edge.replies import ReplyResponse, error_reply, validation_reply
 from grm_service.gateway.edge.score_body import add_score_schema
 from grm_service.gateway.request.audit import Auditor
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.role import WorkerRole
 from grm_service.gateway.service import Service
@@ -134,7 +134,7 @@ def _lifespan(
         audit_rate = settings.audit_max_per_s / (worker.count if worker else 1)
         auditor = Auditor(settings.audit_fraction, audit_rate, metrics)
         ledger = Ledger(settings, metrics) if settings.ledger else None
-        gw = Gateway(settings=settings, pool=side.pool, client=client, metrics=metrics,
+        gw = ForwardContext(settings=settings, pool=side.pool, client=client, metrics=metrics,
                      identity=identity, auditor=auditor, ledger=ledger, scales=_scales(settings),
                      look=side.look if isinstance(side, Follower) else None,
                      refusals=service.refusals)

@@ -4,12 +4,19 @@
     if not ledger.may_answer(origin, pinned):  # the cache's policy, here only
         ledger.record(path, raw, origin, await compute())
     else:
-        answer, how = await ledger.answer(path, raw, request_digest, origin, expected_id, compute,
-                                          serve)
+        key = ledger.key_of(path, request_digest, origin, expected_id)
+        found = await ledger.look_up(key)      # (payload, fields marked "hit"/"coalesced")
+        if found is None:
+            with ledger.lead(key) as lead:     # identical requests wait for this one
+                answer, how = await compute(), ""
+                lead.done(answer)
+        else:
+            answer, how = serve(*found), found[1]["cache"]
+        ledger.record(path, raw, origin, answer, how, ledger.scope(origin))
 
-Two calls, not one: a request the cache may not answer (chat, by default) pays for its record
-and nothing else, no closure or coroutine of the cache's made for it. `expected_id` is a digest,
-not worth a request the cache never answers either.
+A plain sequence the request path reads top to bottom: a request the cache may not answer
+(chat, by default) pays for its record and nothing else. `expected_id` (the fingerprint id the
+answer would carry) is a digest, not worth a request the cache never answers either.
 
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
@@ -20,16 +27,17 @@ within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Key`'s sco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
 from grm_service.config import LedgerBodies, Settings
 from grm_service.errors import LedgerUnavailable
-from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
+from grm_service.ledger.cache import Answer, Found, InFlight, Key, Lead, Recent
 from grm_service.ledger.location import open_reader, open_store, shown
 from grm_service.ledger.records import Origin, Record, fields_json
 from grm_service.ledger.store import Store, row
@@ -51,7 +59,7 @@ class Ledger:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        # Read on every request: plain attributes, not a pydantic model's (proxy.PathSettings).
+        # Read on every request: plain attributes, not a pydantic model's (context.RequestSettings).
         self._cache_score = settings.ledger_cache_score
         self._cache_chat = settings.ledger_cache_chat
         self._per_key = not settings.ledger_cache_shared
@@ -92,40 +100,39 @@ class Ledger:
             return self._cache_score
         return origin.route in CHAT_ROUTES and self._cache_chat
 
-    async def answer(self, path: str, raw: Sequence[bytes | memoryview], request_digest: str,
-                     origin: Origin, expected_id: Callable[[], str | None], compute: Compute[A],
-                     serve: Serve[A]) -> tuple[A, str]:
-        """The answer to one checked request the cache may answer (`may_answer`; `raw`: its
-        canonical body, `request_digest` its digest as the answer's fingerprint has it: hashed
-        once for the key and the fingerprint), recorded. `serve` makes an answer of a recorded
-        payload and fingerprint (a hit, a coalesced one); `expected_id` gives the fingerprint id
-        the answer would carry (None: not known yet)."""
-        scope = origin.key_id if self._per_key else ""
-        expected = expected_id()
-        if expected is None:
-            computed = await compute()
-            self.record(path, raw, origin, computed, "", scope)
-            return computed, ""
-        key: Key = (expected, request_digest, path, scope)
-        answer, how = await self._cached(key, compute, serve)
-        self._outcomes[how or "miss"].inc()
-        self.record(path, raw, origin, answer, how, scope)
-        return answer, how
+    def key_of(self, path: str, request_digest: str, origin: Origin, expected_id: str) -> Key:
+        """The cache's key of a request it may answer (`may_answer`): `expected_id`, the
+        fingerprint id its answer would carry, and `request_digest`, its canonical body's."""
+        return (expected_id, request_digest, path, self.scope(origin))
 
-    async def _cached(self, key: Key, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
+    def scope(self, origin: Origin) -> str:
+        """The cache scope `origin`'s requests are looked up in (`cache.Key`)."""
+        return origin.key_id if self._per_key else ""
+
+    async def look_up(self, key: Key) -> Found | None:
+        """`key`'s answer as recorded (a hit: recent here, else from the store), else as an
+        identical request in flight computes it (coalesced); None where this request computes
+        it, within `lead(key)`."""
         found = self.recent.get(key)
         if found is None:
             record = await self._lookup(key)
             if record is not None:
                 found = (json.loads(record.payload), record.fields)
-        if found is not None:
-            return marked(serve, *found, "hit"), "hit"
-        answer, coalesced = await self.inflight.once(key, compute)
-        if coalesced:
-            return marked(serve, answer.payload, answer.fields, "coalesced"), "coalesced"
-        if answer.fields["fingerprint_id"] == key[0]:
-            self.recent.put(key, answer)
-        return answer, ""
+        how = "hit"
+        if found is None:
+            answer = await self.inflight.joined(key)
+            if answer is None:
+                self._outcomes["miss"].inc()
+                return None
+            found, how = (answer.payload, answer.fields), "coalesced"
+        self._outcomes[how].inc()
+        return found[0], {**found[1], "cache": how}
+
+    @contextlib.contextmanager
+    def lead(self, key: Key) -> Iterator[Lead]:
+        """This request computes `key`'s answer (`Lead.done`) while identical ones wait."""
+        with self.inflight.lead(key, self.recent) as lead:
+            yield lead
 
     async def _lookup(self, key: Key) -> Record | None:
         try:

@@ -13,9 +13,10 @@ payload and its fingerprint fields (`Answer`): the ledger keeps those two, nothi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 Key = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
 
@@ -37,16 +38,10 @@ class Answer(Protocol):
         but `serialized` and the digests; "" where the fields were not built from one."""
 
 
-A = TypeVar("A", bound=Answer)
-Compute = Callable[[], Awaitable[A]]
-# How the request path serves a recorded payload and its (marked) fingerprint fields.
-Serve = Callable[[dict[str, Any], dict[str, Any]], A]
+# A recorded answer as found again: its payload and its fingerprint fields, marked with how
+# it was found (`fields["cache"]`: "hit" or "coalesced").
+Found = tuple[dict[str, Any], dict[str, Any]]
 _RECENT = 2048
-
-
-def marked(serve: Serve[A], payload: dict[str, Any], fields: dict[str, Any], how: str) -> A:
-    """A recorded answer as served again: the recorded payload and fingerprint, marked."""
-    return serve(payload, {**fields, "cache": how})
 
 
 class Recent:
@@ -69,31 +64,53 @@ class Recent:
             self._items.popitem(last=False)
 
 
+class Lead:
+    """This request computes the answer identical requests in flight wait for (`InFlight`)."""
+
+    def __init__(self, key: Key, future: asyncio.Future[Any], recent: Recent) -> None:
+        self.key = key
+        self.future = future
+        self.recent = recent
+
+    def done(self, answer: Answer) -> None:
+        """The answer computed: the waiters get it, and later repeats find it where it carries
+        the fingerprint id it was looked up by."""
+        if answer.fields["fingerprint_id"] == self.key[0]:
+            self.recent.put(self.key, answer)
+        self.future.set_result(answer)
+
+
 class InFlight:
-    """Identical requests in flight at once: the first computes, the others wait for it."""
+    """Identical requests in flight at once: the first computes (`lead`), the others wait for
+    it (`joined`)."""
 
     def __init__(self) -> None:
         self._running: dict[Key, asyncio.Future[Any]] = {}
 
-    async def once(self, key: Key, compute: Compute[A]) -> tuple[A, bool]:
-        """The answer, and whether it was another request's computation (coalesced)."""
+    async def joined(self, key: Key) -> Answer | None:
+        """The answer of an identical request in flight, once it has it (its error, where it
+        failed); None where none is in flight, or its client went away: this one computes."""
         running = self._running.get(key)
-        if running is not None:
-            await asyncio.wait({running})  # raises only if this request itself is cancelled
-            if not running.cancelled():
-                answer: A = running.result()
-                return answer, True
-            # The first one's client went away: compute it here.
-        return await self._lead(key, compute), False
+        if running is None:
+            return None
+        await asyncio.wait({running})  # raises only if this request itself is cancelled
+        if running.cancelled():
+            return None
+        answer: Answer = running.result()
+        return answer
 
-    async def _lead(self, key: Key, compute: Compute[A]) -> A:
-        future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
+    @contextlib.contextmanager
+    def lead(self, key: Key, recent: Recent) -> Iterator[Lead]:
+        """While this request computes `key`'s answer, the identical ones wait for it; what
+        it raises, they raise; where it is cancelled, they compute it themselves."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         try:
-            answer = await compute()
+            yield Lead(key, future, recent)
         except Exception as err:
-            future.set_exception(err)
-            future.exception()  # retrieved: nobody may be waiting
+            if not future.done():
+                future.set_exception(err)
+                future.exception()  # retrieved: nobody may be waiting
             raise
         except BaseException:
             future.cancel()
@@ -101,5 +118,3 @@ class InFlight:
         finally:
             if self._running.get(key) is future:
                 del self._running[key]
-        future.set_result(answer)
-        return answer

@@ -175,7 +175,7 @@ class Follower:
     def look(self) -> bool:
         """`refresh`, its failure logged (the next look tries again): the loop's, and one
         before a request is refused for want of a ready replica, and by /ready
-        (`Gateway.look`). False where the read failed."""
+        (`ForwardContext.look`). False where the read failed."""
         try:
             self.refresh()
         except Exception:

@@ -5,7 +5,7 @@ user and an assistant turn. Options: `output` = `prob` (the last label's probabi
 or `raw` (the last label's raw output, i.e. the reward head's value), `label` (index, default -1).
 
 The gateway runs these requests alone on their replica unless the engine profile declares pooling
-batch-invariant and the replica passed the pooling canary (see `proxy.pooling_alone`).
+batch-invariant and the replica passed the pooling canary (see `alone.pooling_alone`).
 """
 
 from __future__ import annotations

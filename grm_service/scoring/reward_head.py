@@ -6,7 +6,7 @@ sigmoid or softmax on them). The item's score is the mean of its frames' scores,
 as verl-omni's HPSv3 reward averages a video's frames. The engine serves the model through its
 pooling runner (`*ForSequenceClassification`: a linear `score` head on the last token), so these
 requests run alone on their replica unless the engine profile declares pooling batch-invariant
-and the replica passed the pooling canary (`proxy.pooling_alone`).
+and the replica passed the pooling canary (`alone.pooling_alone`).
 
 Options:
 

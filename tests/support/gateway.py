@@ -13,13 +13,13 @@ from fastapi import FastAPI
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
 from grm_service.gateway.edge.hotpath import HotPath
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.service import Service
 
 
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, ready: bool = True,
-                  timeout_s: float = 10) -> AsyncIterator[tuple[HotPath, Gateway]]:
+                  timeout_s: float = 10) -> AsyncIterator[tuple[HotPath, ForwardContext]]:
     """The app and its gateway while the lifespan runs; with `ready`, once every replica is."""
     hot = create_app(Service(settings))
     app = cast(FastAPI, hot.app)

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from grm_service.gateway.edge.guards import HEAD, asker_of
 from grm_service.gateway.edge.hotpath import HotPath, starting
 from grm_service.gateway.edge.replies import ReplyResponse
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.service import Service
 from grm_service.headers import PIN_HEADER, RUN_HEADER, STEP_HEADER
 from grm_service.ledger.records import Origin
@@ -19,7 +19,7 @@ from grm_service.scoring.groups.held import HeldGroups
 
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
 # (and GIL handoff) per request for what is an attribute read.
-async def gateway(request: Request) -> Gateway:
+async def gateway(request: Request) -> ForwardContext:
     service = cast(Service, request.app.state.service)
     gw = service.gateway
     if gw is None:

@@ -11,7 +11,7 @@ from grm_service.errors import GrmError, TooLarge
 from grm_service.gateway.edge.admission import Admission
 from grm_service.gateway.edge.head import Asker, RequestHead
 from grm_service.gateway.edge.replies import error_reply, send_reply
-from grm_service.gateway.request.checkpoint import check_json_shape
+from grm_service.gateway.request.shape import check_json_shape
 
 # The request's head in the ASGI scope, parsed once (by the protocol, or here), its admission
 # verdict with it: the routes' dependencies read who asks from it (`asker_of`).

@@ -51,11 +51,11 @@ from grm_service.gateway.edge.replies import (
 from grm_service.gateway.edge.rules import CHAT_RULES, CLASSIFY_RULES, NotPlain
 from grm_service.gateway.request import longstrings
 from grm_service.gateway.request.answer import Forwarded
-from grm_service.gateway.request.checkpoint import check_json_shape
 from grm_service.gateway.request.proxy import forward, prepare
+from grm_service.gateway.request.send import pooling_body
+from grm_service.gateway.request.shape import check_json_shape
 from grm_service.gateway.service import Service
 from grm_service.ledger.records import Origin
-from grm_service.scoring.send import pooling_body
 
 CHAT = "/v1/chat/completions"
 CLASSIFY = "/classify"
@@ -175,9 +175,9 @@ class HotPath:
             raise TooLarge(f"body exceeds the limit of {limit} bytes")
         body, lifted = self._parse(head, raw)
         if path == CHAT:
-            prepared = prepare(CHAT_RULES.apply(body), gw.path_settings)
+            prepared = prepare(CHAT_RULES.apply(body), gw.request_settings)
         else:
-            prepared = pooling_body(CLASSIFY_RULES.apply(body), gw.path_settings.model_name)
+            prepared = pooling_body(CLASSIFY_RULES.apply(body), gw.request_settings.model_name)
         # The checkpoint runs inside `forward`, on the body as prepared: one place for all paths.
         origin = Origin.of(path, asker.key, head.run, head.step)
         return await forward(gw, path, prepared, head.pin, lifted=lifted, origin=origin)

@@ -10,11 +10,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.edge.guards import asker_of
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.replicas.identity import IdentityReport
 
 router = APIRouter()
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 
 
 @router.get("/health")

@@ -17,14 +17,14 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from grm_service.errors import UnknownReplica
 from grm_service.gateway.edge.deps import gateway
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 
 ENGINE_METRICS = "/metrics/engine"
 TARGETS = "/metrics/targets"
 _FETCH_TIMEOUT_S = 10.0  # below Prometheus' default scrape timeout
 
 router = APIRouter()
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 
 
 @router.get(TARGETS)

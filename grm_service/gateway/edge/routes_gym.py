@@ -22,7 +22,7 @@ from grm_service.errors import ConfigError, NoReward
 from grm_service.gateway.edge.deps import gateway, held_groups, origin
 from grm_service.gateway.edge.routes_score import run_score
 from grm_service.gateway.request.answer import RESPONSE_JSON
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.ledger.book import SCORE_ROUTE
 from grm_service.ledger.records import Origin
 from grm_service.scoring import gym, gym_metrics
@@ -31,7 +31,7 @@ from grm_service.scoring.models import ItemResult, ScoreRequest
 
 router = APIRouter()
 
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
 HeldDep = Annotated[HeldGroups, Depends(held_groups)]
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from grm_service.errors import InvalidRequest
 from grm_service.gateway.edge.deps import gateway, origin
 from grm_service.gateway.edge.routes_score import run_score
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.integrations.openrlhf import (
     AUTO,
     DEFAULT_ERROR_REWARD,
@@ -25,7 +25,7 @@ from grm_service.scoring.models import ScoreRequest
 from grm_service.wire import ItemResult
 
 router = APIRouter()
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
 

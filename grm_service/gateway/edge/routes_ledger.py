@@ -15,14 +15,14 @@ from grm_service.digits import is_decimal
 from grm_service.errors import InvalidRequest, NotFound
 from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.edge.guards import asker_of
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.ledger.book import Ledger
 from grm_service.ledger.query import PAGE, detail, export_rows, parse_steps, summary
 from grm_service.ledger.records import Record, key_id
 from grm_service.ledger.store import Selection, Store
 
 router = APIRouter(prefix="/v1/ledger")
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 Run = Annotated[str | None, Query(description="Run tag; empty: untagged requests.")]
 Steps = Annotated[str | None, Query(description="Steps a:b (both included), a:, :b or a.")]
 # What a store's 64-bit integer columns hold.
@@ -39,20 +39,20 @@ def _ascii_digits(value: object) -> object:
 Digits = BeforeValidator(_ascii_digits)
 
 
-def _ledger(gw: Gateway) -> Ledger:
+def _ledger(gw: ForwardContext) -> Ledger:
     if gw.ledger is None:
         raise NotFound("the ledger is off here (GRM_LEDGER=false)")
     return gw.ledger
 
 
-def _key(request: Request, gw: Gateway) -> str | None:
+def _key(request: Request, gw: ForwardContext) -> str | None:
     """The caller's key id; None (every record) where the service has no keys."""
     if not gw.settings.api_keys and gw.settings.api_keys_file is None:
         return None
     return key_id(asker_of(request.scope).key)
 
 
-def _selection(request: Request, gw: Gateway, run: str | None, steps: str | None,
+def _selection(request: Request, gw: ForwardContext, run: str | None, steps: str | None,
                request_digest: str | None = None) -> Selection:
     try:
         first, last = parse_steps(steps)

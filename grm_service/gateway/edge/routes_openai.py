@@ -12,12 +12,13 @@ from grm_service.gateway.edge.hotpath import CHAT
 from grm_service.gateway.edge.replies import ReplyResponse, answer_reply
 from grm_service.gateway.edge.schemas import ChatCompletionRequest, ResponsesRequest, body_schema
 from grm_service.gateway.request.checkpoint import RESPONSES_PATH
-from grm_service.gateway.request.proxy import RESPONSES_TOKENS, Gateway, forward, prepare
+from grm_service.gateway.request.context import ForwardContext
+from grm_service.gateway.request.proxy import RESPONSES_TOKENS, forward, prepare
 from grm_service.ledger.records import Origin
 
 router = APIRouter()
 
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 PinDep = Annotated[str | None, Depends(pinned_replica)]
 OriginDep = Annotated[Origin, Depends(origin)]
 
@@ -34,7 +35,7 @@ async def responses(req: ResponsesRequest, gw: GatewayDep, pin: PinDep,
     """The engine's Responses API (NeMo Gym's model servers speak it), seeded, bounded,
     routed, recorded and fingerprinted like chat; its stored state is refused
     (`checkpoint.RESPONSES_DENIED`)."""
-    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.path_settings,
+    body = prepare(req.model_dump(exclude_unset=True, mode="json"), gw.request_settings,
                    RESPONSES_TOKENS)
     forwarded = await forward(gw, RESPONSES_PATH, body, pin, origin=asker)
     return ReplyResponse(answer_reply(forwarded))

@@ -12,7 +12,8 @@ from grm_service.gateway.edge.hotpath import CLASSIFY
 from grm_service.gateway.edge.schemas import ClassifyRequest, body_schema
 from grm_service.gateway.edge.score_body import read_score_request
 from grm_service.gateway.request import checkpoint
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
+from grm_service.gateway.request.send import make_send
 from grm_service.ledger.records import Origin
 from grm_service.scoring import presets
 from grm_service.scoring.batch import score_batch
@@ -22,16 +23,15 @@ from grm_service.scoring.groups.scorer import GroupScorer
 from grm_service.scoring.groups.seam import Holder
 from grm_service.scoring.models import ScoreRequest, ScoreResponse
 from grm_service.scoring.registry import check_request, finish_of, lookup
-from grm_service.scoring.send import make_send
 
 router = APIRouter()
 
-GatewayDep = Annotated[Gateway, Depends(gateway)]
+GatewayDep = Annotated[ForwardContext, Depends(gateway)]
 OriginDep = Annotated[Origin, Depends(origin)]
 HeldDep = Annotated[HeldGroups, Depends(held_groups)]
 
 
-async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
+async def run_score(gw: ForwardContext, req: ScoreRequest, asker: Origin | None = None,
                     holder: Holder | None = None) -> ScoreResponse:
     """Request-level checks (400/413 before any item runs), then the batch. A group scorer's
     incomplete groups go to `holder` (None: they are their items' errors); pointwise scorers
@@ -62,7 +62,7 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
         send = make_send(gw, asker, _max_tokens(gw, req))
         if isinstance(scorer, GroupScorer):
             groups = Groups(send=send, concurrency=gw.settings.score_concurrency,
-                            service_seed=gw.path_settings.seed, holder=holder,
+                            service_seed=gw.request_settings.seed, holder=holder,
                             scope=asker.key_id if asker else "",
                             max_size=gw.settings.group_max_size, owing=gw.backlog.owe)
             answer = await score_groups(req, scorer, groups, gw.identity.fingerprint_id, timed)
@@ -77,7 +77,7 @@ async def run_score(gw: Gateway, req: ScoreRequest, asker: Origin | None = None,
     return answer
 
 
-def _max_tokens(gw: Gateway, req: ScoreRequest) -> int | None:
+def _max_tokens(gw: ForwardContext, req: ScoreRequest) -> int | None:
     """The cap of the scorer's max_tokens: none where the batch's sampling sets its own."""
     if "max_tokens" in req.sampling or "max_completion_tokens" in req.sampling:
         return None

@@ -120,7 +120,7 @@ class Forwarded:
 
 
 def wrap(forwarded: Forwarded) -> dict[str, Any]:
-    """OpenAI's `system_fingerprint` names the backend configuration (no seed); `grm_fingerprint`
+    """OpenAI's `system_fingerprint` names the serving configuration (no seed); `grm_fingerprint`
     carries everything, the seed and the fingerprint id included."""
     payload = dict(forwarded.payload)
     payload["system_fingerprint"] = forwarded.system_fingerprint

@@ -5,7 +5,7 @@ The rule: a batch is admitted when the items already owed plus its own stay with
 `score_items_per_slot` x the ready replicas' slots, or when nothing is owed (a lone batch is
 always taken, up to GRM_MAX_SCORE_ITEMS). Past it the batch is refused with 429 and a
 Retry-After before any of its items runs. An admitted batch's items are owed service: they
-wait for their replica's slot as long as it takes (`proxy._admit`), never refused for queue
+wait for their replica's slot as long as it takes (`exchange._admit`), never refused for queue
 time half-way, which would throw away the items already scored.
 
 Slots: a replica serves one request at a time where requests run alone on it (an engine

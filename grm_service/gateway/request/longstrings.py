@@ -66,7 +66,7 @@ def loads(raw: bytes | bytearray, parse_float: Callable[[str], Any] = float,
 
     What the caller's own scan found, so that no pass over an image (~60 us per 2.7 MB) is
     made twice: `escaped=False`, no backslash in `raw`; `strings`, the insides (start, end) of
-    its strings of `LONG` bytes or more (`checkpoint.check_json_shape`), else every run
+    its strings of `LONG` bytes or more (`shape.check_json_shape`), else every run
     between two quotes that long is tried."""
     runs = _gaps(raw) if strings is None else strings
     spans = [span for span in runs if _plain_value(raw, *span, escaped)]

@@ -1,5 +1,7 @@
 """Request keys and replica choice: pure functions of (key, healthy replicas).
 
+    route(pool, key, least_loaded, pin)    # the replicas to try, best first ([]: none ready)
+
 The key is crc32 of the canonical request body. Replicas are ranked by rendezvous (highest random
 weight) hashing, so when a replica leaves only the keys it owned move, and when it comes back they
 return to it. crc32 alone is linear over GF(2), which makes `crc32(key + name)` a poor weight; the
@@ -9,12 +11,15 @@ weight is a 64-bit mix of the key and a per-replica salt instead.
 from __future__ import annotations
 
 import functools
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from grm_service.canonical import canonical_json
 from grm_service.checksum import crc32
+from grm_service.errors import UnknownReplica
+from grm_service.replicas.pool import Replica, ReplicaPool
 
 _MASK64 = (1 << 64) - 1
 
@@ -67,3 +72,49 @@ def least_loaded_order(
 ) -> list[str]:
     """Fewest in-flight first; equal loads are broken by the rendezvous weight of the key."""
     return sorted(replicas, key=lambda name: (inflight(name), -weight(key, name), name))
+
+
+def route(pool: ReplicaPool, key: int, least_loaded: bool, pin: str | None = None
+          ) -> list[Replica]:
+    """The ready replicas in the order a request of `key` tries them (`pin`: the one named,
+    where it is ready); [] where none is."""
+    if pin is not None:
+        return _pinned(pool, pin)
+    now = time.monotonic()
+    up = pool.ready()
+    # With every breaker open, trying a tripped replica beats refusing outright.
+    ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
+    if least_loaded:
+        names = least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
+    else:
+        names = rendezvous_order(key, list(ready))
+    return [ready[n] for n in names]
+
+
+def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, key: int,
+                 least_loaded: bool, pin: str | None = None) -> list[Replica]:
+    """Where `route` found no ready replica: the replica set looked at again (`look`, a
+    worker's follower) and routed over; [] where there is still none. A quiet worker's view
+    lags the keeper's by up to its follower's interval, where a replica that came back is
+    already ready in the other workers' (and in the /ready they answer)."""
+    if look is None:
+        return []
+    look()
+    return route(pool, key, least_loaded, pin)
+
+
+def states(pool: ReplicaPool) -> str:
+    """The replicas' states, for a refusal's message."""
+    if not pool.replicas:
+        return "none configured"
+    shown = ", ".join(f"{r.name} {r.state.value}" for r in pool.replicas[:8])
+    return shown + (", ..." if len(pool.replicas) > 8 else "")
+
+
+def _pinned(pool: ReplicaPool, pin: str) -> list[Replica]:
+    replica = pool.by_name(pin)
+    if replica is None:
+        known = ", ".join(r.name for r in pool.replicas)
+        raise UnknownReplica(f"x-grm-pin-replica {pin[:40]!r} names no replica; "
+                             f"replicas: {known}")
+    return [replica] if replica.ready else []

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from grm_service.config import Settings
 from grm_service.gateway import serve
 from grm_service.gateway.edge.hotpath import HotPath
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.serve import DrainingServer
 from grm_service.gateway.service import Service
@@ -24,11 +24,11 @@ from grm_service.replicas.pool import ReplicaPool
 SETTINGS = Settings(model="m")
 
 
-def gateway_app() -> tuple[HotPath, Gateway]:
+def gateway_app() -> tuple[HotPath, ForwardContext]:
     """The app as create_app shapes it (HotPath around FastAPI, both holding the service)."""
     app = FastAPI()
     service = Service(SETTINGS)
-    gw = Gateway(settings=SETTINGS, pool=ReplicaPool([]), client=Upstream(1.0),
+    gw = ForwardContext(settings=SETTINGS, pool=ReplicaPool([]), client=Upstream(1.0),
                  metrics=service.metrics, identity=ServiceIdentity(SETTINGS))
     service.start(gw)
 

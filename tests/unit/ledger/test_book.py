@@ -62,8 +62,24 @@ async def ask(book: Ledger, origin: Origin, expected: str, compute: Any,
         answer = await compute()
         book.record(path, RAW, origin, answer)
         return answer, ""
-    return await book.answer(path, RAW, digest(b"".join(RAW)), origin, lambda: expected, compute,
-                             served)
+    return await answered(book, path, RAW, digest(b"".join(RAW)), origin, expected, compute)
+
+
+async def answered(book: Ledger, path: str, raw: list[bytes], request_digest: str,
+                   origin: Origin, expected: str, compute: Any) -> tuple[Forwarded, str]:
+    """The sequence `proxy.forward` calls where the cache may answer: look up, else compute
+    while identical requests wait; record either way."""
+    key = book.key_of(path, request_digest, origin, expected)
+    found = await book.look_up(key)
+    if found is None:
+        with book.lead(key) as lead:
+            answer = await compute()
+            lead.done(answer)
+        how = ""
+    else:
+        answer, how = served(*found), found[1]["cache"]
+    book.record(path, raw, origin, answer, how, book.scope(origin))
+    return answer, how
 
 
 @pytest.fixture
@@ -107,8 +123,8 @@ async def test_the_key_is_the_digest_the_request_path_gives(ledger: Ledger) -> N
     # ledger keys by that digest, and does not hash the body again.
     engine = Engine()
     await ask(ledger, SCORE, "grm-1", engine)
-    _, how = await ledger.answer("/v1/chat/completions", [b"not hashed"],
-                                 digest(b"".join(RAW)), SCORE, lambda: "grm-1", engine, served)
+    _, how = await answered(ledger, "/v1/chat/completions", [b"not hashed"],
+                            digest(b"".join(RAW)), SCORE, "grm-1", engine)
     assert how == "hit" and engine.calls == 1
 
 

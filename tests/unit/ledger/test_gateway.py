@@ -11,7 +11,7 @@ from typing import Any
 
 from grm_service.commands.diffing import load_results
 from grm_service.config import Settings
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.ledger.location import open_store
 from grm_service.ledger.store import Selection
 from tests.support.gateway import client, received, serving
@@ -32,7 +32,7 @@ def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
                     scorers=SCORERS, **over)
 
 
-async def flushed(gw: Gateway) -> None:
+async def flushed(gw: ForwardContext) -> None:
     assert gw.ledger is not None
     await gw.ledger.writer.flush()
 

@@ -10,7 +10,7 @@ import httpx
 from grm_service.config import SerializeMode, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities
-from grm_service.gateway.request.proxy import pooling_alone
+from grm_service.gateway.request.alone import pooling_alone
 from grm_service.metrics import Metrics
 from grm_service.replicas.pool import Replica
 from grm_service.replicas.pooling_canary import PoolingCanary

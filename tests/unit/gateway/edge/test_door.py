@@ -19,7 +19,7 @@ import pytest
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.service import Service
 from grm_service.replicas.identity import ServiceIdentity
@@ -37,7 +37,7 @@ def service(started: bool = True) -> Service:
                         max_image_bytes=1, max_json_depth=16)
     built = Service(settings)
     if started:  # the request side, with no replica: every case here is refused before one
-        built.start(Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
+        built.start(ForwardContext(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
                             metrics=built.metrics, identity=ServiceIdentity(settings)))
     return built
 

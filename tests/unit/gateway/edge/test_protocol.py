@@ -28,7 +28,7 @@ from grm_service.gateway.edge.head import Asker, RequestHead
 from grm_service.gateway.edge.hotpath import CHAT, CLASSIFY, HotPath, Reply
 from grm_service.gateway.edge.protocol import EdgeProtocol, HotHttpProtocol
 from grm_service.gateway.edge.protocol_check import missing, protocol_for
-from grm_service.gateway.request.proxy import Gateway
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.gateway.service import Service
 from grm_service.replicas.identity import ServiceIdentity
@@ -92,7 +92,7 @@ class Canned(HotPath):
 
     def __init__(self, app: Any, settings: Settings) -> None:
         service = Service(settings)
-        service.start(Gateway(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
+        service.start(ForwardContext(settings=settings, pool=ReplicaPool([]), client=Upstream(1.0),
                               metrics=service.metrics, identity=ServiceIdentity(settings)))
         super().__init__(app, service)
         self.reply: Reply | Exception = OK

@@ -114,8 +114,8 @@ def test_every_answer_names_the_tensor_parallel_size_of_its_replica() -> None:
     assert json.loads(render(answer))["grm_fingerprint"]["tensor_parallel_size"] == 2
 
 
-def test_system_fingerprint_is_the_backend_configuration_without_the_seed() -> None:
-    """OpenAI defines `system_fingerprint` as the backend configuration: one value whatever
+def test_system_fingerprint_is_the_serving_configuration_without_the_seed() -> None:
+    """OpenAI defines `system_fingerprint` as the serving configuration: one value whatever
     seed a request chose (the seed and the seeded id stay in `grm_fingerprint`), another for
     any other model, engine build or numerics."""
     ident, stamps = identity(), Stamps()

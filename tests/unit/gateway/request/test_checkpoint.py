@@ -22,9 +22,9 @@ from grm_service.gateway.request.checkpoint import (
     check_body,
     check_images,
     check_seed,
-    json_shape,
 )
 from grm_service.gateway.request.images import ImageLimits
+from grm_service.gateway.request.shape import json_shape
 
 LIMITS = Limits(ImageLimits(max_bytes=1 << 20, max_pixels=100_000))
 

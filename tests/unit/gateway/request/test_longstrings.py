@@ -27,8 +27,8 @@ from grm_service import fingerprint
 from grm_service.canonical import KnownBytes, canonical_json, canonical_parts
 from grm_service.errors import GrmError
 from grm_service.gateway.request import longstrings, router
-from grm_service.gateway.request.checkpoint import check_json_shape
 from grm_service.gateway.request.longstrings import LONG
+from grm_service.gateway.request.shape import check_json_shape
 
 # Fixed bytes: the test ids carry them, and xdist's workers must collect the same ids.
 B64 = base64.b64encode(random.Random(3).randbytes(3 * LONG)).decode()

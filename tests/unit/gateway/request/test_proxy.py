@@ -1,29 +1,32 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from grm_service.config import SerializeMode, Settings
 from grm_service.engines import Capabilities
-from grm_service.errors import StreamingUnsupported, UnknownModel
-from grm_service.gateway.request import proxy
-from grm_service.gateway.request.proxy import PathSettings, must_run_alone, prepare
+from grm_service.errors import ServiceUnavailable, StreamingUnsupported, UnknownModel
+from grm_service.gateway.request import exchange, proxy, router
+from grm_service.gateway.request.alone import must_run_alone, runs_alone
+from grm_service.gateway.request.context import POOLING_PATHS, ForwardContext, RequestSettings
+from grm_service.gateway.request.proxy import prepare
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 SETTINGS = Settings(model="/models/m", served_model_name="rm", seed=7, max_tokens_default=99)
-PATH = PathSettings.of(SETTINGS)
+PATH = RequestSettings.of(SETTINGS)
 
 
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def test_prepare_injects_seed_max_tokens_and_model() -> None:
+def test_prepare_injects_max_tokens_and_model() -> None:
     body = prepare({"messages": MSGS}, PATH)
-    assert body == {"messages": MSGS, "seed": 7, "max_tokens": 99, "model": "rm"}
+    assert body == {"messages": MSGS, "max_tokens": 99, "model": "rm"}
 
 
 def test_prepare_keeps_client_values() -> None:
@@ -68,21 +71,20 @@ def test_must_run_alone(body: dict, caps: Capabilities, mode: SerializeMode, alo
 
 
 def test_route_skips_open_breakers_unless_all_are_open() -> None:
-    import time
-
-    from grm_service.gateway.request.proxy import Gateway, route
-    from grm_service.gateway.request.upstream import Upstream
-    from grm_service.metrics import Metrics
-    from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
-
     pool = ReplicaPool([Replica(n, "u", state=ReplicaState.READY) for n in ("r0", "r1")])
-    gw = Gateway(settings=SETTINGS, pool=pool, client=Upstream(1.0), metrics=Metrics(),
-                 identity=ServiceIdentity(SETTINGS))
     pool.replicas[0].open_until = time.monotonic() + 60
-    assert [r.name for r in route(gw, 123)] == ["r1"]
-    assert [r.name for r in route(gw, 123, pin="r0")] == ["r0"], "a pin overrides"
+    assert [r.name for r in router.route(pool, 123, False)] == ["r1"]
+    assert [r.name for r in router.route(pool, 123, False, pin="r0")] == ["r0"], "a pin wins"
     pool.replicas[1].open_until = time.monotonic() + 60
-    assert {r.name for r in route(gw, 123)} == {"r0", "r1"}
+    assert {r.name for r in router.route(pool, 123, False)} == {"r0", "r1"}
+
+
+def test_no_ready_replica_is_refused_with_each_replicas_state() -> None:
+    pool = ReplicaPool([Replica("r0", "u", state=ReplicaState.DOWN)])
+    fc = ForwardContext(settings=SETTINGS, pool=pool, client=Upstream(1.0), metrics=Metrics(),
+                        identity=ServiceIdentity(SETTINGS))
+    with pytest.raises(ServiceUnavailable, match="no healthy replica \\(r0 down\\)"):
+        proxy._order(fc, 7, None)
 
 
 # A request that waited for a slot on a replica which went down meanwhile fails over instead
@@ -90,15 +92,15 @@ def test_route_skips_open_breakers_unless_all_are_open() -> None:
 async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> None:
     replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
     settings = Settings(model="/models/m", queue_timeout_s=5)
-    gw = proxy.Gateway(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
-                       metrics=Metrics(), identity=ServiceIdentity(settings))
-    await proxy._admit(gw, replica, alone=True)  # the request in flight holds the slot
-    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
+    gw = ForwardContext(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
+                        metrics=Metrics(), identity=ServiceIdentity(settings))
+    await exchange._admit(gw, replica, alone=True)  # the request in flight holds the slot
+    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True))
     await asyncio.sleep(0.05)
     assert not waiting.done()
     replica.state = ReplicaState.DOWN  # the keeper saw it die
     await replica.gate.release(True)  # the request in flight failed
-    with pytest.raises(proxy._Retryable, match="went down while the request waited"):
+    with pytest.raises(exchange.Retryable, match="went down while the request waited"):
         await waiting
     assert replica.gate.inflight == 0 and gw.queued == 0
 
@@ -114,8 +116,7 @@ def test_embeddings_are_pooling_and_run_alone_unless_proven(
         path: str, batched: bool, caps: Capabilities, alone: bool) -> None:
     replica = Replica("r0", "http://r0", state=ReplicaState.READY)
     replica.pooling_batched = batched
-    pooling = path in proxy.POOLING_PATHS
+    pooling = path in POOLING_PATHS
     generative_alone = not pooling and must_run_alone({"temperature": 0}, caps,
                                                       SerializeMode.AUTO)
-    assert proxy.runs_alone(replica, pooling, generative_alone, caps,
-                            SerializeMode.AUTO) is alone
+    assert runs_alone(replica, pooling, generative_alone, caps, SerializeMode.AUTO) is alone

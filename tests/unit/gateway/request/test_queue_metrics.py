@@ -9,31 +9,32 @@ import pytest
 
 from grm_service.config import Settings
 from grm_service.errors import Overloaded
-from grm_service.gateway.request import proxy
+from grm_service.gateway.request import exchange
+from grm_service.gateway.request.context import ForwardContext
 from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 
-def gateway(**over: float) -> tuple[proxy.Gateway, Replica]:
+def gateway(**over: float) -> tuple[ForwardContext, Replica]:
     replica = Replica("r0", "http://127.0.0.1:9", state=ReplicaState.READY)
     settings = Settings(model="/models/m", **over)
-    gw = proxy.Gateway(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
-                       metrics=Metrics(), identity=ServiceIdentity(settings))
+    gw = ForwardContext(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
+                        metrics=Metrics(), identity=ServiceIdentity(settings))
     return gw, replica
 
 
-def value(gw: proxy.Gateway, name: str, **labels: str) -> float:
+def value(gw: ForwardContext, name: str, **labels: str) -> float:
     found = gw.metrics.registry.get_sample_value(name, labels)
     return 0.0 if found is None else found
 
 
 async def test_a_queued_request_is_counted_while_it_waits_and_its_wait_observed() -> None:
     gw, replica = gateway(queue_timeout_s=5)
-    await proxy._admit(gw, replica, alone=True)  # holds the only slot: no wait, not observed
+    await exchange._admit(gw, replica, alone=True)  # holds the only slot: no wait, not observed
     assert value(gw, "grm_queue_wait_seconds_count") == 0
-    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True))
+    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True))
     async with asyncio.timeout(5):
         while not gw.queued:  # the task is in the queue
             await asyncio.sleep(0)
@@ -56,7 +57,7 @@ async def test_each_429_is_counted_by_its_reason_and_names_its_setting(
     gw, replica = gateway(**over)
     replica.gate.try_acquire(True)  # the replica is busy
     with pytest.raises(Overloaded) as refused:
-        await proxy._admit(gw, replica, alone=True)
+        await exchange._admit(gw, replica, alone=True)
     assert value(gw, "grm_rejected_total", reason=reason) == 1
     assert value(gw, "grm_queue_depth") == 0
     assert setting in refused.value.message and "raise" in refused.value.message
@@ -65,7 +66,7 @@ async def test_each_429_is_counted_by_its_reason_and_names_its_setting(
 async def test_an_admitted_score_item_waits_past_the_queue_timeout_and_a_full_queue() -> None:
     gw, replica = gateway(queue_timeout_s=0.05, max_queue=0)
     replica.gate.try_acquire(True)  # the replica is busy for longer than the queue timeout
-    waiting = asyncio.create_task(proxy._admit(gw, replica, alone=True, owed=True))
+    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True, owed=True))
     await asyncio.sleep(0.2)
     assert not waiting.done() and gw.queued == 1
     await replica.gate.release(True)
@@ -76,10 +77,11 @@ async def test_an_admitted_score_item_waits_past_the_queue_timeout_and_a_full_qu
 
 def test_tokens_are_counted_from_the_engines_usage() -> None:
     gw, _ = gateway()
-    gw.count_tokens({"usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
-    gw.count_tokens({"usage": {"prompt_tokens": 2}})
-    gw.count_tokens({"data": []})  # a route without usage: nothing counted, nothing raised
-    gw.count_tokens({"usage": {"prompt_tokens": "x"}})
+    count = gw.meters.count_tokens
+    count({"usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+    count({"usage": {"prompt_tokens": 2}})
+    count({"data": []})  # a route without usage: nothing counted, nothing raised
+    count({"usage": {"prompt_tokens": "x"}})
     assert value(gw, "grm_tokens_total", kind="prompt") == 9
     assert value(gw, "grm_tokens_total", kind="completion") == 3
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 
 from grm_service.canonical import canonical_json
+from grm_service.errors import UnknownReplica
 from grm_service.gateway.request import router
+from grm_service.replicas.pool import Replica, ReplicaPool, ReplicaState
 
 REPLICAS = ["r0", "r1", "r2", "r3"]
 
@@ -83,3 +85,28 @@ def test_least_loaded_prefers_idle_then_rendezvous() -> None:
     assert order[2:] == ["r3", "r0"]
     tied = [r for r in router.rendezvous_order(99, REPLICAS) if r in ("r1", "r2")]
     assert order[:2] == tied
+
+
+def _pool(names: list[str], down: tuple[str, ...] = ()) -> ReplicaPool:
+    return ReplicaPool([Replica(n, f"http://{n}",
+                                state=ReplicaState.DOWN if n in down else ReplicaState.READY)
+                        for n in names])
+
+
+@pytest.mark.parametrize("key", [0, 7, 2**31 + 5, 2**32 - 1])
+def test_route_is_a_function_of_the_key_and_the_healthy_replicas(key: int) -> None:
+    """The pool's order and its replicas that are not ready change nothing: the same key goes
+    where the rendezvous order of the ready names sends it."""
+    order = [r.name for r in router.route(_pool(REPLICAS), key, False)]
+    assert order == router.rendezvous_order(key, REPLICAS)
+    shuffled = _pool(["x9", *reversed(REPLICAS), "x8"], down=("x8", "x9"))
+    assert [r.name for r in router.route(shuffled, key, False)] == order
+    assert router.route(_pool(REPLICAS, down=tuple(REPLICAS)), key, False) == []
+
+
+def test_a_pin_names_a_replica_or_is_refused_with_the_known_ones() -> None:
+    pool = _pool(REPLICAS, down=("r1",))
+    assert [r.name for r in router.route(pool, 7, False, pin="r2")] == ["r2"]
+    assert router.route(pool, 7, False, pin="r1") == []  # named, not ready: none to try
+    with pytest.raises(UnknownReplica, match="replicas: r0, r1, r2, r3"):
+        router.route(pool, 7, False, pin="r9")

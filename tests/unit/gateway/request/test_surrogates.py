@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from grm_service.canonical import canonical_json
 from grm_service.errors import InvalidRequest
-from grm_service.gateway.request.checkpoint import check_json_shape
+from grm_service.gateway.request.shape import check_json_shape
 from grm_service.gateway.request.surrogates import check_surrogates
 
 
