@@ -15,7 +15,7 @@ from grm_service.gateway.request.upstream import Upstream
 from grm_service.metrics import Metrics
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Gate, ReplicaState
-from grm_service.replicas.snapshot import (
+from grm_service.worker_side.snapshot import (
     INTERVAL_S,
     QUIET_INTERVAL_S,
     Follower,

@@ -81,7 +81,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grm_service.replicas.pool import Gate
-from grm_service.replicas.wakeups import Sender, Wakeups
+from grm_service.worker_side.wakeups import Sender, Wakeups
 
 _UNBOUNDED = 1 << 30
 # Replica slots in the count map (a sparse file: only the pages used take memory).
