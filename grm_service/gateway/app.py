@@ -46,7 +46,7 @@ from grm_service.replicas.deployment import keeper_for
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
 from grm_service.scoring.presets import scorer_names as _scorer_names
-from grm_service.worker_side.shared_gate import GateFile
+from grm_service.worker_side.gates import GateFile
 from grm_service.worker_side.snapshot import Follower
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from grm_service.gateway.role import gates_path, metrics_dir, snapshot_path
 from grm_service.host import remove_dead_owners
 from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
-from grm_service.worker_side.shared_gate import release_worker
+from grm_service.worker_side.gates import release_worker
 from grm_service.worker_side.snapshot import mark_down
 from grm_service.workers.listen import listening_sockets
 from grm_service.workers.process import ChildProcess

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grm_service.replicas.pool import Gate
-from grm_service.worker_side.shared_gate import GateFile, release_worker
+from grm_service.worker_side.gates import GateFile, release_worker
 
 _SPAWN = multiprocessing.get_context("spawn")
 _HOLD_S = 0.01
