@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from grm_service.replicas.pool import Gate
-from grm_service.replicas.shared_gate import GateFile
+from grm_service.worker_side.gates import GateFile
 
 
 async def _slots(gates: GateFile, rounds: int, capacity: int, tasks: int,

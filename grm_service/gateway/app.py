@@ -45,9 +45,9 @@ from grm_service.metrics import Metrics
 from grm_service.replicas.deployment import keeper_for
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
-from grm_service.replicas.shared_gate import GateFile
-from grm_service.replicas.snapshot import Follower
 from grm_service.scoring.presets import scorer_names as _scorer_names
+from grm_service.worker_side.gates import GateFile
+from grm_service.worker_side.snapshot import Follower
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 
 def gates_path(run_dir: Path) -> Path:
-    """The replicas' gates shared by the workers (replicas/shared_gate.py)."""
+    """The replicas' gates shared by the workers (worker_side/gates.py)."""
     return run_dir / "gates"
 
 
 def snapshot_path(run_dir: Path) -> Path:
-    """The replica set the keeper publishes (replicas/snapshot.py)."""
+    """The replica set the keeper publishes (worker_side/snapshot.py)."""
     return run_dir / "replicas.json"
 
 

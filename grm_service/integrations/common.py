@@ -1,5 +1,5 @@
 """What the adapters share: where the service is and its key, text out of chat messages, images
-to data URLs, references out of trainers' ground truths."""
+to data URLs (references out of ground truths: truths.py)."""
 
 from __future__ import annotations
 
@@ -108,20 +108,6 @@ def text_of(value: Any) -> str:
     if isinstance(value, list):  # content parts: keep the text ones
         return "".join(p.get("text", "") for p in value if isinstance(p, dict))
     return str(value)
-
-
-def references(value: Any) -> list[str]:
-    """Every acceptable answer in a ground truth: a string, a number, a list or a numpy array
-    (verl's parquet loader gives arrays; `str()` of one is "['4' 'four']", never an answer)."""
-    if value is None:
-        return []
-    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        value = value.tolist()  # numpy array or scalar, torch tensor
-    if isinstance(value, list | tuple):
-        return [text for v in value for text in references(v)]
-    if isinstance(value, bytes):
-        return [value.decode()]
-    return [str(value)]
 
 
 def image_of(value: Any) -> str | list[str] | None:

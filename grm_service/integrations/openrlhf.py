@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grm_service.integrations.common import references
+from grm_service.integrations.truths import references
 from grm_service.wire import ItemResult, ScoreItem
 
 # The reward of a failed item when the URL does not say (`?error_reward=`); `extra_logs.grm_error`

@@ -43,10 +43,10 @@ from grm_service.integrations.common import (
     ScoringError,
     endpoint,
     image_of,
-    references,
     step_of,
     text_of,
 )
+from grm_service.integrations.truths import references
 from grm_service.wire import ItemResult, ScoreItem
 
 log = logging.getLogger(__name__)

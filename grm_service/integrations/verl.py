@@ -47,11 +47,11 @@ from grm_service.integrations.common import (
     endpoint,
     image_of,
     no_key_in_config,
-    references,
     reward_or,
 )
 from grm_service.integrations.microbatch import WAIT_S, batcher
 from grm_service.integrations.microbatch import close_clients as close_loop_clients
+from grm_service.integrations.truths import references
 from grm_service.wire import ItemResult, ScoreItem
 
 # The keys of `extra_info` that name a sample's group (verl_groups.py puts them there).

@@ -57,10 +57,10 @@ from grm_service.integrations.common import (
     ScoringError,
     endpoint,
     no_key_in_config,
-    references,
     reward_or,
 )
 from grm_service.integrations.microbatch import WAIT_S, batcher, close_clients
+from grm_service.integrations.truths import references
 from grm_service.mime import encode_bytes, sniff_mime
 from grm_service.wire import ItemResult, ScoreItem
 

@@ -2,11 +2,11 @@
 
 `python -m grm_service.workers.keeper_process --run-dir D --parent PID --log-level L`, with the
 settings as JSON on stdin. It keeps every replica (start or attach, admission, canaries,
-restarts) and publishes the replica set to the serving workers (replicas/snapshot.py); it serves
-no request, so no request can crash it. The replicas it launched are its children and end with
-it (replicas/reaper.py); it ends with the manager. SIGTERM stops the replicas: the manager sends
-it once every serving worker has drained and exited. Exit code `FATAL_EXIT`: no replica of this
-service could start.
+restarts) and publishes the replica set to the serving workers (worker_side/snapshot.py); it
+serves no request, so no request can crash it. The replicas it launched are its children and
+end with it (replicas/reaper.py); it ends with the manager. SIGTERM stops the replicas: the
+manager sends it once every serving worker has drained and exited. Exit code `FATAL_EXIT`: no
+replica of this service could start.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from grm_service.metrics import Metrics
 from grm_service.replicas.deployment import keeper_for
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.reaper import die_with_parent
-from grm_service.replicas.snapshot import Published
+from grm_service.worker_side.snapshot import Published
 from grm_service.workers.manager import FATAL_EXIT
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
     grm-service serve (this manager: socket, run dir, signals, pings; serves nothing itself)
       |- the keeper: replicas (start or attach, admission, canaries, restarts) and the snapshot
-      |              publisher (replicas/snapshot.py); serves no request
+      |              publisher (worker_side/snapshot.py); serves no request
       `- workers 0..N-1: the app + a follower of the snapshot
 
 Why a process of its own, not the manager: a keeper is an asyncio program with an HTTP client,
@@ -14,7 +14,7 @@ engine: a crash on any request path restarts that worker only, while engines and
 Every worker accepts on a listening socket the manager bound (passed by descriptor), its own
 on the shared port by default (listen.py says why), and serves every route. What must hold
 across processes lives in the run dir, a fresh private directory removed at exit: the replica
-snapshot, the replicas' shared gates (shared_gate.py), and
+snapshot, the replicas' shared gates (worker_side/gates.py), and
 prometheus_client's multiprocess files (/metrics on any worker shows the sum; metrics.py).
 
 Lifecycle: each worker answers a liveness ping (process.py); one that has not answered for
@@ -48,8 +48,8 @@ from grm_service.gateway.role import gates_path, metrics_dir, snapshot_path
 from grm_service.host import remove_dead_owners
 from grm_service.metrics import MULTIPROCESS_ENV
 from grm_service.replicas.keeper import backoff_s
-from grm_service.replicas.shared_gate import release_worker
-from grm_service.replicas.snapshot import mark_down
+from grm_service.worker_side.gates import release_worker
+from grm_service.worker_side.snapshot import mark_down
 from grm_service.workers.listen import listening_sockets
 from grm_service.workers.process import ChildProcess
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from grm_service.config import Settings
 from tests.support.gateway import client, received, serving
@@ -37,3 +42,18 @@ async def test_rewards_in_order_and_failed_items_flagged(stub: Proc, tmp_path: P
     assert broken.json()["grm_errors"][0] == "scorer broken raised ZeroDivisionError: boom"
     assert uneven.status_code == 400 and "differ in length" in uneven.text
     assert no_scorer.status_code == 400
+
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.mark.parametrize("server", ["grm_service.gateway.app", "grm_service.workers.worker"])
+def test_the_server_never_imports_the_client(server: str) -> None:
+    """The route speaks OpenRLHF's protocol without the client SDK (or its httpx retries and
+    defaults) loaded in a serving process: a fresh interpreter, as a worker starts."""
+    code = (f"import sys, {server}; "
+            "print(sorted(m for m in sys.modules if m.startswith('grm_service.client')))")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+                           check=True)
+    assert shown.stdout.strip() == "[]", f"{server} loads {shown.stdout.strip()}"

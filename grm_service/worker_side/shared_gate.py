@@ -6,19 +6,18 @@ from every worker, and a waiting exclusive request holds new shared ones back in
 
 Three parts:
 - in the process, a plain `Gate` orders this worker's own requests (its writer preference);
-- `max_inflight_per_replica` holds for the sum over workers: each worker counts its shared
-  holders per replica in its own slot of a shared memory map (it is the slot's only writer), and
-  takes a slot only if the sum is below the bound, under a per-replica record lock so two workers
-  cannot both take the last one. A fixed split of the bound between workers was measured first:
-  connections do not spread evenly over the workers, so a busy worker queued requests at its
-  share while the replica had room (256 OCR requests on an H200 with 4 workers: 0.62x direct);
-- across processes, POSIX record locks on bytes of one file per replica. The *hold* byte is
-  read-locked by a process while it has one or more shared holders (counted here: a process
-  holds one lock, not one per request) and write-locked by an exclusive holder. The *intent*
-  byte is write-locked by a process waiting for exclusive; a process's first reader takes it
-  shared for a moment before its read lock, so no new reader gets in while a writer waits. A
-  process that already holds the read lock looks at the writers' *intent* marks in the count
-  map instead (a writer marks its slot while it holds the intent byte): no lock call.
+- `max_inflight_per_replica` holds for the sum over workers, counted in the count map
+  (counts.py) and taken under the replica's count lock;
+- across processes, POSIX record locks on bytes of the replica's file (gates.py says why record
+  locks, and why the file stays open). The *hold* byte is read-locked by a process while it
+  has one or more shared holders (counted here: a process holds one lock, not one per request)
+  and write-locked by an exclusive holder. The *intent* byte is write-locked by a process
+  waiting for exclusive; a process's first reader takes it shared for a moment before its read
+  lock, so no new reader gets in while a writer waits. A process that already holds the read
+  lock looks at the writers' *intent* marks in the count map instead (a writer marks its slot
+  while it holds the intent byte): no lock call. A process never asks for the hold byte in a
+  mode other than the one it holds (the local gate sees to that): a second request would
+  *convert* the process's lock.
 
 Why so few lock calls, and one file per replica: every request took six to eight, all on one
 file, and the kernel serializes the record locks of a file. Eight busy workers each paid 13x
@@ -38,14 +37,6 @@ while the bound is far:
   mark set just after the waiter read it;
 - near the bound, slots are taken and freed one at a time, each under the count lock, as the
   wake-ups below describe.
-
-Why record locks: the kernel drops every lock of a process that dies, so a crashed worker cannot
-wedge a replica, and no lock server is needed. A dead worker's counts are zeroed by the manager
-the moment it sees the death (`release_worker`), not when the worker is started again. Two rules
-keep POSIX semantics from biting: a process never asks for the hold byte in a mode other than the
-one it holds (the local gate sees to that: a second request would *convert* the process's lock),
-and the file is opened once per process and kept open (closing any descriptor of it drops all of
-the process's locks).
 
 Waiting, without polling: locks are only ever tried without blocking (a waiting request stays
 cancellable by the queue timeout and never blocks the event loop). A request that must wait
@@ -75,206 +66,26 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import mmap
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 from grm_service.replicas.pool import Gate
-from grm_service.replicas.wakeups import Sender, Wakeups
+from grm_service.worker_side.counts import LEASED, SLOTS, WAITERS, WRITERS, Counts
+from grm_service.worker_side.wakeups import Wakeups
 
 _UNBOUNDED = 1 << 30
-# Replica slots in the count map (a sparse file: only the pages used take memory).
-MAX_REPLICAS = 4096
 _HOLD, _INTENT_BYTE, _COUNT_LOCK = 0, 1, 2  # lock bytes of a replica's file
 _COUNT_LOCK_TRIES = 4
 # Slots a worker takes at once while the bound is far (module doc): 8 requests per count-lock
 # section, and at most 8 x workers slots held unused, kept only while there is room for twice
 # that (a waiter near the bound gets them within the follower's 50 ms look).
 _LEASE = 8
-# The count map's tables, each [replica][worker]: shared holders, parked tasks, and of those the
-# ones waiting for exclusive (the only ones a reader's glance at the intent byte can block) and
-# the ones waiting for a slot of the in-flight bound (a freed slot wakes one of them); 1 where
-# the worker's writer holds the intent byte (readers look here instead of at the byte); and 1
-# where the worker may keep spares (a task that parks for a slot wakes those workers).
-_HOLDERS, _WAITERS, _WRITERS, _SLOTS, _INTENT, _LEASED = 0, 1, 2, 3, 4, 5
-_TABLES = 6
 
 
 def _lease_room(workers: int) -> int:
     """The room under the bound from which slots are taken `_LEASE` at a time and kept as
     spares: enough for every worker's spares twice over."""
     return 2 * workers * _LEASE
-
-
-def _counts_path(gates: Path) -> Path:
-    return gates.with_name(gates.name + ".counts")
-
-
-class Counts:
-    """Shared holders and parked waiters per (replica, worker), in a memory map every worker
-    opens: a worker writes only its own slots, and zeroes them when it starts; the manager
-    zeroes a dead worker's (`release_worker`)."""
-
-    def __init__(self, path: Path, worker: int, workers: int) -> None:
-        self.worker, self.workers = worker, workers
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            size = _TABLES * MAX_REPLICAS * workers * 8
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._slots = memoryview(self._map).cast("q")
-        self.zero(worker)
-
-    def _at(self, table: int, replica: int, worker: int) -> int:
-        return (table * MAX_REPLICAS + replica) * self.workers + worker
-
-    def zero(self, worker: int) -> None:
-        for table in range(_TABLES):
-            for replica in range(MAX_REPLICAS):
-                self._slots[self._at(table, replica, worker)] = 0
-
-    def total(self, replica: int) -> int:
-        base = self._at(_HOLDERS, replica, 0)
-        return sum(self._slots[base:base + self.workers])
-
-    def row(self, table: int, replica: int) -> list[int]:
-        base = self._at(table, replica, 0)
-        return self._slots[base:base + self.workers].tolist()
-
-    def add(self, replica: int, delta: int) -> None:
-        self._slots[self._at(_HOLDERS, replica, self.worker)] += delta
-
-    def park(self, replica: int, delta: int, kind: int) -> None:
-        """Count a parked task (`delta` 1) or its leaving (-1); `kind` what it waits for:
-        _WRITERS, _SLOTS, or _WAITERS for the read lock (counted in that table only)."""
-        self._slots[self._at(_WAITERS, replica, self.worker)] += delta
-        if kind != _WAITERS:
-            self._slots[self._at(kind, replica, self.worker)] += delta
-
-    def parked_elsewhere(self, replica: int, table: int = _WAITERS) -> list[int]:
-        """The other workers with a task waiting on `replica` (on every request's start: cheap);
-        `table` _WRITERS: those waiting for exclusive only."""
-        row = self.row(table, replica)
-        if not any(row):
-            return []
-        return [w for w, parked in enumerate(row) if parked and w != self.worker]
-
-    def writers_elsewhere(self, replica: int) -> list[int]:
-        return self.parked_elsewhere(replica, _WRITERS)
-
-    def slot_waited_for(self, replica: int) -> bool:
-        """Some worker, this one included, has a task waiting for a slot of `replica` (a look
-        without the count lock: a waiter counted a moment ago may be missed, and is then seen
-        at the next request's end or the next `GateFile.tend`)."""
-        return any(self.row(_SLOTS, replica))
-
-    def intent(self, replica: int, marked: bool) -> None:
-        """This worker's writer holds the replica's intent byte (True) or no longer does."""
-        self._slots[self._at(_INTENT, replica, self.worker)] = int(marked)
-
-    def leased(self, replica: int, marked: bool) -> None:
-        """This worker may keep spares of the replica (True), or has given every one back."""
-        self._slots[self._at(_LEASED, replica, self.worker)] = int(marked)
-
-    def writer_intends(self, replica: int) -> bool:
-        """A writer anywhere holds the replica's intent byte (its mark, read without a lock: a
-        reader that misses a mark just set delays that writer by one request, never lets a
-        shared holder in beside an exclusive one; the hold byte sees to that)."""
-        return any(self.row(_INTENT, replica))
-
-    def next_slot_waiter(self, replica: int, start: int) -> int | None:
-        """The first worker from `start` on, in turn (this one included), with a task waiting
-        for a slot of `replica`."""
-        row = self.row(_SLOTS, replica)
-        if not any(row):
-            return None
-        return next(w % self.workers for w in range(start, start + self.workers)
-                    if row[w % self.workers])
-
-    def close(self) -> None:
-        self._slots.release()
-        self._map.close()
-
-
-def release_worker(gates: Path, worker: int, workers: int) -> None:
-    """A worker died: its shared counts go now (its locks went with it, the kernel saw to that),
-    and every worker's parked tasks try again."""
-    if _counts_path(gates).exists():
-        Counts(_counts_path(gates), worker, workers).close()  # opening zeroes its slots
-    sender = Sender(gates, workers)
-    try:
-        sender.wake(range(workers))
-    finally:
-        sender.close()
-
-
-def _lock_path(gates: Path, index: int) -> Path:
-    return gates.with_name(f"{gates.name}.{index}")
-
-
-class GateFile:
-    """The run's gates: each replica's lock file, opened once by each worker process when its
-    gate is first asked for, and kept open; one `SharedGate` per replica."""
-
-    def __init__(self, path: Path, worker: int, workers: int) -> None:
-        self.path = path
-        self.worker = worker
-        self.workers = workers
-        self._fds: dict[int, int] = {}
-        self._gates: list[SharedGate] = []
-        self._counts = Counts(_counts_path(path), worker, workers)
-        self._wakeups = Wakeups(path, worker, workers, on_wake=self.tend)
-
-    def gate(self, index: int) -> SharedGate:
-        """The gate of the replica at `index` in the replica list (the same list everywhere)."""
-        if not 0 <= index < MAX_REPLICAS:
-            raise ValueError(f"at most {MAX_REPLICAS} replicas share gates across workers")
-        fd = self._fds.get(index)
-        if fd is None:
-            fd = self._fds[index] = os.open(_lock_path(self.path, index),
-                                            os.O_RDWR | os.O_CREAT, 0o600)
-        gate = SharedGate(fd, index, self._counts, self._wakeups)
-        self._gates.append(gate)
-        return gate
-
-    def tend(self) -> None:
-        """Spares back to the shared count wherever another worker waits for a slot: at each
-        wake-up this worker receives, and every 50 ms from the replica snapshot's follower (a
-        quiet worker's, which keeps no spares, every 250 ms), on the event loop's thread (which
-        also starts the inbox's reading there)."""
-        self.listen()
-        for gate in self._gates:
-            gate.tend()
-
-    def quiet(self) -> bool:
-        """No request of this worker holds or awaits any replica, and it keeps no spare."""
-        return all(gate.quiet() for gate in self._gates)
-
-    def listen(self) -> None:
-        """Read this worker's wake-ups on the running loop from now on, parked tasks or not: a
-        worker keeping spares is woken by the waiter that needs them."""
-        self._wakeups.listen()
-
-    def held(self, index: int) -> int:
-        """The slots of the replica at `index` counted over every worker, spares included (a
-        look without the count lock: a snapshot, for checks and tests)."""
-        return self._counts.total(index)
-
-    def slot_waiters(self, index: int) -> list[int]:
-        """Per worker, its tasks waiting for a slot of the replica at `index` (a look at the
-        count map without its lock: a snapshot, for checks and tests)."""
-        return self._counts.row(_SLOTS, index)
-
-    def close(self) -> None:
-        self._wakeups.close()
-        self._counts.close()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
 
 class SharedGate(Gate):
@@ -326,7 +137,7 @@ class SharedGate(Gate):
                 await self._lock_exclusive()
             elif self._locking.locked() or not self._try_shared():  # else: no wait, no queue
                 async with self._locking:
-                    await self._until(self._try_shared, _WAITERS)
+                    await self._until(self._try_shared, WAITERS)
         except BaseException:  # the queue timeout cancelled the wait: give the local slot back
             await self._local.release(exclusive)
             raise
@@ -335,7 +146,7 @@ class SharedGate(Gate):
         try:
             if self._counting.locked() or not self._take_count(capacity):
                 async with self._counting:
-                    await self._until(lambda: self._take_count(capacity), _SLOTS, capacity)
+                    await self._until(lambda: self._take_count(capacity), SLOTS, capacity)
         except BaseException:
             await self.release(False, counted=False)
             raise
@@ -390,7 +201,7 @@ class SharedGate(Gate):
     async def _until(self, attempt: Callable[[], bool], kind: int,
                      capacity: int = _UNBOUNDED) -> None:
         """Until `attempt()` succeeds, woken by the changes to the replica that `kind` waits for
-        (module doc): _WAITERS the read lock, _WRITERS the exclusive one, _SLOTS one of
+        (module doc): WAITERS the read lock, WRITERS the exclusive one, SLOTS one of
         `capacity` slots."""
         if attempt():
             return
@@ -399,7 +210,7 @@ class SharedGate(Gate):
         try:
             self._counts.park(self._index, 1, kind)
             # Spares kept elsewhere come back at once, not at the follower's next look.
-            leasing = self._counts.parked_elsewhere(self._index, _LEASED) if kind == _SLOTS else []
+            leasing = self._counts.parked_elsewhere(self._index, LEASED) if kind == SLOTS else []
         finally:
             self._unlock(_COUNT_LOCK)
         if leasing:
@@ -420,7 +231,7 @@ class SharedGate(Gate):
         self._lock_counts()
         try:
             self._counts.park(self._index, -1, kind)
-            if kind == _SLOTS and self._counts.total(self._index) < capacity:
+            if kind == SLOTS and self._counts.total(self._index) < capacity:
                 waiter = self._next_slot_waiter()
         finally:
             self._unlock(_COUNT_LOCK)
@@ -520,10 +331,10 @@ class SharedGate(Gate):
 
     async def _lock_exclusive(self) -> None:
         # The local gate lets one exclusive request of this process at a time get here.
-        await self._until(lambda: self._lock(_INTENT_BYTE, exclusive=True), _WRITERS)
+        await self._until(lambda: self._lock(_INTENT_BYTE, exclusive=True), WRITERS)
         self._counts.intent(self._index, True)
         try:
-            await self._until(lambda: self._lock(_HOLD, exclusive=True), _WRITERS)
+            await self._until(lambda: self._lock(_HOLD, exclusive=True), WRITERS)
         finally:
             self._counts.intent(self._index, False)
             self._unlock(_INTENT_BYTE)

@@ -10,7 +10,7 @@ from grm_service.gateway.request import router
 from grm_service.gateway.request.router import looked_again
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import Gate, ReplicaState
-from grm_service.replicas.snapshot import (
+from grm_service.worker_side.snapshot import (
     INTERVAL_S,
     QUIET_INTERVAL_S,
     Follower,

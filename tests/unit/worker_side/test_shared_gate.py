@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grm_service.replicas.pool import Gate
-from grm_service.replicas.shared_gate import GateFile, release_worker
+from grm_service.worker_side.gates import GateFile, release_worker
 
 _SPAWN = multiprocessing.get_context("spawn")
 _HOLD_S = 0.01
@@ -475,7 +475,7 @@ def _lock_calls_of_100_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     """The files (fds) of the lock calls made by 100 requests on replica 0 of a busy worker
     (one request of its held throughout on replica 0, one on replica 1: the read locks stay
     held), and the slots counted on replica 0 once every request has ended."""
-    from grm_service.replicas import shared_gate
+    from grm_service.worker_side import shared_gate
 
     calls: list[int] = []
     real = shared_gate.fcntl.lockf
