@@ -122,7 +122,7 @@ def start_gateway(f: procs.Fleet, backends: list[str], name: str, src: Path) -> 
     argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
             "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
     for url in backends:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     # The checked-out package first; the caller's PYTHONPATH (extra dependencies) after it.
     path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, "GRM_AUDIT_FRACTION": "0", "GRM_CANARY": "false"}

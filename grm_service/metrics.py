@@ -71,10 +71,11 @@ class Metrics:
             "grm_replica_restarts", "Restarts of a replica after a crash.", ["replica"],
             registry=r,
         )
-        self.backend_failures = Counter(
-            "grm_backend_failures", "Failed attempts at a replica (then failed over).",
+        self.replica_failures = Counter(
+            "grm_replica_failures", "Failed attempts at a replica (then failed over).",
             ["replica", "reason"], registry=r,
         )
+        self.backend_failures = self.replica_failures  # the earlier release's name
         self.violations = Counter(
             "grm_determinism_violations", "Outputs that should have been equal and were not.",
             ["source"], registry=r,

@@ -27,7 +27,7 @@ SCORE = Origin(SCORE_ROUTE, "key-a", "run-1", 3)
 def settings(tmp_path: Path, **over: Any) -> Settings:
     fields: dict[str, Any] = {"ledger_url": str(tmp_path / "l.sqlite"), "ledger_bodies": "all",
                               **over}
-    return Settings(backend_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
+    return Settings(replica_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
 
 
 class Engine:
