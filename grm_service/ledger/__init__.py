@@ -15,5 +15,5 @@
     query.py     reading it back (CLI, `GET /v1/ledger/...`, `grm-service replay`)
 
 The request path hooks in at one point, `proxy.forward`, with the request's canonical body in
-hand: the routing key and the request digest come from the same bytes the ledger keys on.
+hand: the route digest and the request digest come from the same bytes the ledger looks up by.
 """

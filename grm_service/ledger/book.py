@@ -14,7 +14,7 @@ not worth a request the cache never answers either.
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
 `/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT; and
-within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Key`'s scope).
+within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Lookup`'s scope).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from grm_service.config import LedgerBodies, Settings
 from grm_service.errors import LedgerUnavailable
-from grm_service.ledger.cache import A, Answer, Compute, InFlight, Key, Recent, Serve, marked
+from grm_service.ledger.cache import A, Answer, Compute, InFlight, Lookup, Recent, Serve, marked
 from grm_service.ledger.location import open_reader, open_store, shown
 from grm_service.ledger.records import Origin, Record, fields_json
 from grm_service.ledger.store import Store, row
@@ -106,13 +106,13 @@ class Ledger:
             computed = await compute()
             self.record(path, raw, origin, computed, "", scope)
             return computed, ""
-        key: Key = (expected, request_digest, path, scope)
+        key: Lookup = (expected, request_digest, path, scope)
         answer, how = await self._cached(key, compute, serve)
         self._outcomes[how or "miss"].inc()
         self.record(path, raw, origin, answer, how, scope)
         return answer, how
 
-    async def _cached(self, key: Key, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
+    async def _cached(self, key: Lookup, compute: Compute[A], serve: Serve[A]) -> tuple[A, str]:
         found = self.recent.get(key)
         if found is None:
             record = await self._lookup(key)
@@ -127,7 +127,7 @@ class Ledger:
             self.recent.put(key, answer)
         return answer, ""
 
-    async def _lookup(self, key: Key) -> Record | None:
+    async def _lookup(self, key: Lookup) -> Record | None:
         try:
             return await self.read(lambda store: store.lookup(*key))
         except LedgerUnavailable:
@@ -135,7 +135,7 @@ class Ledger:
 
     def record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
                answer: Answer, how: str = "", scope: str | None = None) -> None:
-        """`scope`: the cache's scope this request's repeats look it up in (`cache.Key`); None
+        """`scope`: the cache's scope this request's repeats look it up in (`cache.Lookup`); None
         where the cache never answers them."""
         keep = self._keep_all or (self._keep_tagged and origin.run)
         size = _RECORD_BYTES + (sum(map(len, raw)) if keep else 0)

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-Key = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
+Lookup = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
 
 
 class Answer(Protocol):
@@ -54,15 +54,15 @@ class Recent:
 
     def __init__(self, size: int = _RECENT) -> None:
         self.size = size
-        self._items: OrderedDict[Key, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[Lookup, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
 
-    def get(self, key: Key) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def get(self, key: Lookup) -> tuple[dict[str, Any], dict[str, Any]] | None:
         found = self._items.get(key)
         if found is not None:
             self._items.move_to_end(key)
         return found
 
-    def put(self, key: Key, answer: Answer) -> None:
+    def put(self, key: Lookup, answer: Answer) -> None:
         self._items[key] = (answer.payload, answer.fields)
         self._items.move_to_end(key)
         if len(self._items) > self.size:
@@ -73,9 +73,9 @@ class InFlight:
     """Identical requests in flight at once: the first computes, the others wait for it."""
 
     def __init__(self) -> None:
-        self._running: dict[Key, asyncio.Future[Any]] = {}
+        self._running: dict[Lookup, asyncio.Future[Any]] = {}
 
-    async def once(self, key: Key, compute: Compute[A]) -> tuple[A, bool]:
+    async def once(self, key: Lookup, compute: Compute[A]) -> tuple[A, bool]:
         """The answer, and whether it was another request's computation (coalesced)."""
         running = self._running.get(key)
         if running is not None:
@@ -86,7 +86,7 @@ class InFlight:
             # The first one's client went away: compute it here.
         return await self._lead(key, compute), False
 
-    async def _lead(self, key: Key, compute: Compute[A]) -> A:
+    async def _lead(self, key: Lookup, compute: Compute[A]) -> A:
         future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         try:

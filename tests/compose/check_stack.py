@@ -68,7 +68,7 @@ class Stack:
 
 
 def sample_items(samples: Path) -> list[dict[str, Any]]:
-    """The packaged sample images, each scored twice under two ids (rendezvous routing keys on
+    """The packaged sample images, each scored twice under two ids (rendezvous routes by
     the request, so eight requests spread over both replicas)."""
     items = []
     for line in (samples / "manifest.jsonl").read_text().splitlines():
