@@ -3,7 +3,9 @@
 The public surface, declared the way httpx declares its own: the names of `__all__` below (the
 client, its types and errors, the settings model, the service's errors), the module
 `grm_service.client` and the trainer adapters `grm_service.integrations.*`. Every other module is
-private: it may change in any release without notice (docs/public-api.md).
+private: it may change in any release without notice (docs/public-api.md). The client
+distribution ships this file too: there, the server's names (`Settings`, the service's errors)
+say that they come with the server's.
 """
 
 from __future__ import annotations
@@ -95,11 +97,19 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(f"grm_service.{name}")
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'grm_service' has no attribute {name!r}")
+    module = f"grm_service.{name}" if name in _MODULES else _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grm_service' has no attribute {name!r}")
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        # The client distribution (client/pyproject.toml) ships this file without the server.
+        raise ModuleNotFoundError(
+            f"grm_service.{name} comes with the server distribution (pip install grm-service); "
+            "this environment has the client's (grm-service-client)", name=module) from None
+    return loaded if name in _MODULES else getattr(loaded, name)
 
 
 def __dir__() -> list[str]:
