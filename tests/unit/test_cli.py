@@ -77,6 +77,18 @@ def test_the_old_backend_flag_still_attaches_and_warns_with_the_new_name(
     assert both.replica_urls == ["http://a:1"]  # the new name wins
 
 
+def test_the_old_env_var_still_attaches_through_the_cli_and_warns(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("GRM_BACKEND_URLS", "http://a:1,http://b:2")
+    for name in ("serve", "fingerprint", "replica"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "grm_service"):
+            assert settings_for(name, []).replica_urls == ["http://a:1", "http://b:2"]
+        assert [r.getMessage() for r in caplog.records] == [
+            "GRM_BACKEND_URLS is deprecated and will be removed in the next release: use "
+            "GRM_REPLICA_URLS"], name
+
+
 def test_the_old_verb_runs_the_replica_command_hidden_and_warns(tmp_path: Path) -> None:
     """`grm-service backend` is `grm-service replica` under its old name: the same options, and
     a warning naming the new verb before anything else is said (here: the missing model)."""
