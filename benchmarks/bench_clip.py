@@ -286,7 +286,7 @@ def main() -> int:
         rurl = f"http://127.0.0.1:{rport}"
         wait(rurl + "/grm/identity", replica, logs / "replica.log")
         gateway = spawn([py, "-m", "grm_service.cli", "serve", "--port", str(gport),
-                         "--backend-url", rurl, "--served-model-name", SERVED,
+                         "--replica-url", rurl, "--served-model-name", SERVED,
                          "--model", str(folder), "--work-dir", str(logs / "gateway")],
                         logs / "gateway.log", env)
         procs.append(gateway)

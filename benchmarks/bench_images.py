@@ -17,7 +17,7 @@ and scanner noise (~2 MB). For each:
   column is read against;
 - **steps** (second table): CPU per call of each whole-body step of the hot path, as each
   tree's own code runs it, in a child interpreter per tree: the JSON shape bound, the parse,
-  the image check, the canonical JSON, its crc32 (routing key) and blake3 (request digest).
+  the image check, the canonical JSON, its crc32 (route digest) and blake3 (request digest).
   What the gateway column adds on top is the sockets, the event loop and the answer.
 
 Targets (issue: image requests cost what their bytes cost): <= 1 ms per 114 KB request and
@@ -122,7 +122,7 @@ def start_gateway(f: procs.Fleet, backends: list[str], name: str, src: Path) -> 
     argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
             "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
     for url in backends:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     # The checked-out package first; the caller's PYTHONPATH (extra dependencies) after it.
     path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path, "GRM_AUDIT_FRACTION": "0", "GRM_CANARY": "false"}
@@ -237,7 +237,8 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
     parts = canonical(parsed, lifted)
     assert b"".join(parts) == json.dumps(parsed, sort_keys=True, separators=(",", ":"),
                                          ensure_ascii=False).encode()
-    crc: Callable[[list[Any]], int] = getattr(router, "key_of_parts", lambda p: zlib.crc32(p[0]))
+    crc: Callable[[list[Any]], int] = getattr(router, "route_digest_of_parts",
+                                              lambda p: zlib.crc32(p[0]))
     blake: Callable[[list[Any]], str] = getattr(fingerprint, "parts_digest",
                                                 lambda p: fingerprint.digest(p[0]))
     calls = 50 if len(raw) < 500_000 else 10

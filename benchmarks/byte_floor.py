@@ -5,7 +5,7 @@ and copying its bytes costs. This server does that byte work and nothing else, o
 sockets as the gateway, so `bench_images.py` can set its CPU per request beside the gateway's:
 
 - the body read straight into one buffer of its size (the kernel's copy; no parser copies);
-- crc32 of the body (the routing key) and its blake3 digest (the request digest), with the
+- crc32 of the body (the route digest) and its blake3 digest (the request digest), with the
   libraries the gateway uses (ISA-L's crc32, blake3);
 - the body's longest JSON string base64-decoded after its data-URL prefix (the image check's
   decode; no framing or pixel checks);
@@ -37,7 +37,7 @@ _new_bytearray.restype = ctypes.py_object
 
 
 def byte_work(body: bytearray) -> None:
-    """The routing key, the digest and the image's decode: what the floor spends per body."""
+    """The route digest, the digest and the image's decode: what the floor spends per body."""
     isal_zlib.crc32(body)
     blake3.blake3(body).digest()
     end = body.rfind(b'"')

@@ -131,10 +131,10 @@ def all_ready(url: str, timeout: float = 900) -> float:
     raise RuntimeError(f"replicas not all ready after {timeout:.0f} s")
 
 
-def backend_failures(url: str) -> float:
+def replica_failures(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("grm_backend_failures_total{"))
+               if line.startswith("grm_replica_failures_total{"))
 
 
 def start_service(f: procs.Fleet, model: str, work_dir: str) -> procs.Proc:
@@ -167,10 +167,10 @@ def compare(run: Run, clean: Run) -> int:
 
 
 def chaos_run(url: str, args: argparse.Namespace, n: int, clean: Run) -> Row:
-    before = backend_failures(url)
+    before = replica_failures(url)
     victim = f"r{(n - 1) % 2}"
     run = asyncio.run(drive(url, args.requests, args.concurrency, args.kill_after, victim))
-    failovers = backend_failures(url) - before
+    failovers = replica_failures(url) - before
     back = all_ready(url)  # includes the tail of the run after the kill
     return Row(f"chaos {n} (kill {victim})", run, compare(run, clean), failovers, back)
 

@@ -244,7 +244,7 @@ async def _run(args: argparse.Namespace, urls: list[str], work_dir: Path) -> Non
     # No health checks while measuring: the replica hop is in memory, and under valgrind a
     # check of the STUB replicas times out, marks them down, and the burst is answered 503. A
     # ledger of its own: two runs side by side (before, after) would lock each other's.
-    settings = Settings(backend_urls=urls, served_model_name=procs.STUB_MODEL, serialize="off",
+    settings = Settings(replica_urls=urls, served_model_name=procs.STUB_MODEL, serialize="off",
                         health_interval_s=3600.0,
                         work_dir=work_dir)
     _keep_freed_memory(settings)

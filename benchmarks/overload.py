@@ -133,7 +133,7 @@ def start_gateway(f: procs.Fleet, backends: list[str], limits: Limits) -> procs.
             "--served-model-name", procs.STUB_MODEL, "--log-level", "warning",
             "--serialize", "off"]
     for url in backends:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     # Audits re-run requests on another replica: off, so every backend call is a client's.
     env = {"PYTHONPATH": str(procs.REPO), "GRM_AUDIT_FRACTION": "0", **limits.env()}
     proc = f.spawn("grm-overload", argv, f"http://127.0.0.1:{port}", env=env)

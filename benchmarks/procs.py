@@ -214,7 +214,7 @@ def start_grm(f: Fleet, backends: list[str], name: str = "grm-service",
             "--served-model-name", STUB_MODEL, "--log-level", "warning", "--serialize", "off",
             "--work-dir", str(LOG_DIR / f"work-{name}-{port}")]
     for url in backends:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     env = {"PYTHONPATH": str(src or REPO), **(env_extra or {})}
     proc = f.spawn(name, argv + (extra or []), f"http://127.0.0.1:{port}", env=env)
     wait_ready(proc, "/ready")

@@ -87,7 +87,7 @@ def start_gateway(f: procs.Fleet, urls: list[str], src: Path) -> procs.Proc:
     argv = [PY, "-m", "grm_service.cli", "serve", "--port", str(port),
             "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
     for url in urls:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     proc = f.spawn("soak-gateway", argv, f"http://127.0.0.1:{port}", env={"PYTHONPATH": str(src)})
     procs.wait_ready(proc, "/ready")
     return proc

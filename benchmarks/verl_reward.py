@@ -38,7 +38,7 @@ def start_gateway(f: procs.Fleet, backends: list[str]) -> procs.Proc:
     argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
             "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
     for url in backends:
-        argv += ["--backend-url", url]
+        argv += ["--replica-url", url]
     env = {"PYTHONPATH": str(procs.REPO), "GRM_SCORERS": SCORERS}
     proc = f.spawn("grm-service", argv, f"http://127.0.0.1:{port}", env=env)
     procs.wait_ready(proc, "/ready")

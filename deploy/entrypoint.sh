@@ -2,7 +2,8 @@
 # Container entrypoint of grm-service. Every setting is an env var GRM_<FIELD> (see config.py),
 # so `docker run -e GRM_MODEL=/models/rm IMAGE` is a whole deployment; arguments still win.
 #   grm-entrypoint [serve] [OPTIONS] [-- ENGINE ARGS]   the gateway and its replicas (default)
-#   grm-entrypoint backend [OPTIONS]                    ONE engine replica (one container per GPU)
+#   grm-entrypoint replica [OPTIONS]                    ONE engine replica (one container per GPU;
+#                                                       `backend`, its old name, still works)
 #   grm-entrypoint healthcheck                          exit 0 when this container is ready
 #   grm-entrypoint COMMAND ...                          any other grm-service command
 set -eu
@@ -60,9 +61,11 @@ case "$command" in
         healthcheck
         ;;
     serve)
-        if [ -z "${GRM_MODEL:-}" ] && [ -z "${GRM_BACKEND_URLS:-}" ] \
-            && ! printf '%s\n' "$@" | grep -q -e '^--model' -e '^--backend-url'; then
-            die "set GRM_MODEL (a model folder, e.g. /models/my-rm) or GRM_BACKEND_URLS"
+        if [ -z "${GRM_MODEL:-}" ] && [ -z "${GRM_REPLICA_URLS:-}" ] \
+            && [ -z "${GRM_BACKEND_URLS:-}" ] \
+            && ! printf '%s\n' "$@" | grep -q -e '^--model' -e '^--replica-url' -e '^--backend-url'
+        then
+            die "set GRM_MODEL (a model folder, e.g. /models/my-rm) or GRM_REPLICA_URLS"
         fi
         if open_without_keys; then
             die "published on ${GRM_PUBLISH_ADDR} (GRM_PUBLISH_ADDR) without GRM_API_KEYS: set" \
@@ -70,9 +73,9 @@ case "$command" in
                 "or set GRM_OPEN_WITHOUT_KEYS=1 to serve the network without keys on purpose"
         fi
         ;;
-    backend)
+    replica|backend)
         if [ -z "${GRM_MODEL:-}" ] && ! printf '%s\n' "$@" | grep -q '^--model'; then
-            die "set GRM_MODEL (a model folder, e.g. /models/my-rm) for the backend replica"
+            die "set GRM_MODEL (a model folder, e.g. /models/my-rm) for the replica"
         fi
         ;;
 esac

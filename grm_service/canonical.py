@@ -1,7 +1,7 @@
 """THE canonical JSON of a request body: one byte string per logical request.
 
-Routing keys (crc32 of it), request digests and fingerprint ids are computed over these bytes, so
-they are the service's wire contract: a change here changes every key and digest. The form is
+Route digests (crc32 of it), request digests and fingerprint ids are computed over these bytes, so
+they are the service's wire contract: a change here changes every digest and route. The form is
 `json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()`, and the
 first two writers below run the C encoder json.dumps runs, with its arguments:
 
@@ -10,7 +10,7 @@ first two writers below run the C encoder json.dumps runs, with its arguments:
   encoder's per-character escaping costs ~5 ns a byte (13 ms for a 2.7 MB page scan); a string
   of `LONG` characters or more with nothing to escape is written as a NUL placeholder (a
   character the encoder never writes raw) and its bytes are spliced in at the placeholders
-  afterwards, uncopied: the routing key, the request digest and the send to the replica take
+  afterwards, uncopied: the route digest, the request digest and the send to the replica take
   the pieces one after the other. `known` gives the bytes of strings already proven plain
   (`longstrings.Lifted`: strings the parse lifted out of the body read).
 - `canonical_value(value)`: the same bytes for a value a JSON parser built (an engine's answer),

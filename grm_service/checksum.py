@@ -1,6 +1,6 @@
 """crc32, zlib's (the same polynomial, the same values), at ISA-L's speed for large inputs.
 
-The gateway takes crc32 of whole request bodies (the routing key of the canonical body) and of
+The gateway takes crc32 of whole request bodies (the route digest of the canonical body) and of
 the images inside them (every PNG chunk's CRC). ISA-L (python-isal) is ~3x zlib's speed on
 such inputs (`benchmarks/bench_images.py`: 0.91 -> 0.29 ms for 2.7 MB); on a few hundred
 bytes its call costs more than zlib's, so inputs below `LARGE` stay with zlib. Where isal has

@@ -26,6 +26,7 @@ from grm_service.config import (
     SerializeMode,
     Settings,
 )
+from grm_service.config_renames import warn_renamed
 from grm_service.errors import LedgerUnavailable, ModelNotFound, WorkDirBusy
 from grm_service.logs import setup_logging
 from grm_service.model_source import check_model
@@ -51,15 +52,36 @@ def build_settings(**given: Any) -> Settings:
 
 
 # Options whose name is not their settings field's, and options that are no setting at all.
-FIELD_OF = {"backend_url": "backend_urls"}
+FIELD_OF = {"replica_url": "replica_urls"}
 CLI_ONLY = {"log_level": "GRM_LOG_LEVEL"}
+# Renamed in this release, accepted for one release with a warning: old option -> new option,
+# old verb -> new verb. The old options are hidden and have no env var of their own (the
+# settings read the old env vars, config_renames.py).
+RENAMED_OPTIONS = {"backend_url": "replica_url"}
+RENAMED_VERBS = {"backend": "replica"}
 
 
 def settings_of(params: Mapping[str, Any], args: Sequence[str]) -> Settings:
-    """The settings of a parsed `serve`, `backend` or `fingerprint` (its context's params and
+    """The settings of a parsed `serve`, `replica` or `fingerprint` (its context's params and
     args): its options by field name, the words after `--` as engine args."""
+    params = renamed_options(params)
     given = {FIELD_OF.get(k, k): v for k, v in params.items() if k not in CLI_ONLY}
     return build_settings(**given, engine_args=list(args))
+
+
+def renamed_options(params: Mapping[str, Any]) -> dict[str, Any]:
+    """An old option's value under its new name (the new one, if also given, wins), warned."""
+    given = dict(params)
+    for old, new in RENAMED_OPTIONS.items():
+        value = given.pop(old, None)
+        if value:
+            warn_renamed(flag(old), flag(new))
+            given[new] = given.get(new) or value
+    return given
+
+
+def flag(param: str) -> str:
+    return "--" + param.replace("_", "-")
 
 
 def option(field: str, help: str) -> Any:
@@ -108,9 +130,11 @@ def serve(
     workers: Annotated[int | None, option("workers", "Gateway processes on the port.")] = None,
     engine: Engine = None,
     gpus: Annotated[str | None, option("gpus", "GPU ids, e.g. 0,1.")] = None,
-    backend_url: Annotated[list[str] | None, option(
-        "backend_urls", "Attach a running replica (repeatable; the env var comma-separated).")
+    replica_url: Annotated[list[str] | None, option(
+        "replica_urls", "Attach a running replica (repeatable; the env var comma-separated).")
     ] = None,
+    backend_url: Annotated[list[str] | None, typer.Option(
+        hidden=True, help="Deprecated: --replica-url.")] = None,
     serialize: Annotated[SerializeMode | None, option(
         "serialize", "One in-flight request per replica.")] = None,
     routing: Annotated[RoutingMode | None, option("routing", "Replica choice.")] = None,
@@ -174,7 +198,7 @@ def fingerprint(
 ) -> None:
     """Print the fingerprint id, model hash and env-digest inputs a replica started with these
     settings on this host would report, without starting anything. Engine args go after `--`."""
-    from grm_service.commands.backend import replica_identity
+    from grm_service.commands.replica import replica_identity
 
     setup_logging("warning")
     settings = settings_of(ctx.params, ctx.args)
@@ -183,8 +207,7 @@ def fingerprint(
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
 
 
-@app.command(context_settings=_EXTRA)
-def backend(
+def replica(
     ctx: typer.Context,
     model: Model = None,
     seed: Seed = None,
@@ -198,13 +221,20 @@ def backend(
         "work_dir", "Replica logs and temp folders.")] = None,
 ) -> None:
     """Run ONE deterministic replica in the foreground (one container per GPU; attach with
-    `serve --backend-url`). Extra engine args go after `--`."""
+    `serve --replica-url`). Extra engine args go after `--`."""
     setup_logging("info")
+    if ctx.info_name in RENAMED_VERBS:
+        warn_renamed(f"grm-service {ctx.info_name}", f"grm-service {RENAMED_VERBS[ctx.info_name]}")
     settings = settings_of(ctx.params, ctx.args)
     check_model_source(settings)
-    from grm_service.commands.backend import exec_backend  # after the check, as serve's
+    from grm_service.commands.replica import exec_replica  # after the check, as serve's
 
-    exec_backend(settings)
+    exec_replica(settings)
+
+
+app.command("replica", context_settings=_EXTRA)(replica)
+for _old in RENAMED_VERBS:
+    app.command(_old, context_settings=_EXTRA, hidden=True)(replica)
 
 
 app.command("score", context_settings=_EXTRA)(score_command)

@@ -1,111 +1,39 @@
 """The one configuration model. Built once by the CLI (or a test) and passed down, never global.
 
-Every field is also an environment variable: `GRM_<FIELD>` (e.g. GRM_REPLICAS=2).
+Every field is also an environment variable: `GRM_<FIELD>` (e.g. GRM_REPLICAS=2). The fields'
+word choices are in config_choices.py, how values are read and checked in config_parsers.py, the
+names renamed in this release (still read, with a warning) in config_renames.py.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from grm_service.digits import decimal
+from grm_service import config_parsers as parse
+from grm_service.config_choices import (
+    EngineName,
+    Launcher,
+    LedgerBodies,
+    NondeterminismPolicy,
+    RayPlacement,
+    RoutingMode,
+    SerializeMode,
+    WorkerSockets,
+)
+from grm_service.config_renames import RenamedEnvSource, renamed_kwargs
 
-
-class EngineName(StrEnum):
-    AUTO = "auto"
-    VLLM = "vllm"
-    VLLM_CPU = "vllm-cpu"
-
-
-class SerializeMode(StrEnum):
-    AUTO = "auto"  # serialize exactly where the engine cannot co-batch deterministically
-    ON = "on"
-    OFF = "off"
-
-
-class Launcher(StrEnum):
-    LOCAL = "local"  # child processes of the gateway
-    RAY = "ray"  # one Ray actor per replica on an existing Ray cluster
-
-
-class WorkerSockets(StrEnum):
-    # One listening socket per worker, the port shared (SO_REUSEPORT): the kernel spreads new
-    # connections over them by their addresses' hash.
-    PER_WORKER = "per-worker"
-    # One socket all workers accept on: whichever worker wakes first takes what is queued.
-    SHARED = "shared"
-
-
-class RayPlacement(StrEnum):
-    SPREAD = "spread"
-    PACK = "pack"
-
-
-class NondeterminismPolicy(StrEnum):
-    FAIL = "fail"
-    SERIALIZE = "serialize"
-
-
-class LedgerBodies(StrEnum):
-    ALL = "all"  # every request's canonical body is kept (replayable)
-    TAGGED = "tagged"  # bodies only of requests that carry a run tag (x-grm-run)
-    NONE = "none"  # digests only: where prompts must not be stored
-
-
-class RoutingMode(StrEnum):
-    RENDEZVOUS = "rendezvous"
-    LEAST_LOADED = "least-loaded"
+__all__ = [
+    "EngineName", "Launcher", "LedgerBodies", "NondeterminismPolicy", "RayPlacement",
+    "RoutingMode", "SerializeMode", "Settings", "WorkerSockets",
+]
 
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "grm-service"
-
-
-def _split_csv(value: object) -> object:
-    """A comma-separated string, or a list of them: a repeated flag read from its env var comes as
-    the variable split on whitespace, each piece maybe still holding commas."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return [part.strip() for item in value for part in item.split(",") if part.strip()]
-    return value
-
-
-def engine_words(value: object) -> object:
-    """GRM_ENGINE_ARGS as one string: a JSON list of strings, or shell words. Never split on
-    commas: an engine flag's JSON value has them (`--limit-mm-per-prompt '{"image": 8, "video":
-    0}'`), and `--max-model-len 8192` must stay two argv tokens."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.startswith("["):
-        try:
-            words = json.loads(text)
-        except ValueError as err:
-            raise ValueError(f"starts with '[' but is not a JSON list ({err})") from None
-        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-            raise ValueError("a JSON list of engine args must hold strings only")
-        return words
-    try:
-        return shlex.split(text)
-    except ValueError as err:
-        raise ValueError(f"not shell words ({err}): quote values with spaces") from None
-
-
-def _no_comma_joined_flags(words: list[str]) -> list[str]:
-    """The comma-separated form once documented would now reach the engine as one bogus flag."""
-    for word in words:
-        if word.startswith("-") and ",-" in word:
-            raise ValueError(f"{word!r:.80} joins flags with commas: engine args are shell "
-                             "words (GRM_ENGINE_ARGS='--enforce-eager --max-num-seqs 8') or a "
-                             "JSON list")
-    return words
 
 
 class Settings(BaseSettings):
@@ -141,7 +69,7 @@ class Settings(BaseSettings):
     gpus: Annotated[list[int], NoDecode] = Field(
         default_factory=list, description="GPU ids to spread replicas over, e.g. 0,1."
     )
-    backend_urls: Annotated[list[str], NoDecode] = Field(
+    replica_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Attach to replicas started elsewhere instead of launching (comma-separated).",
     )
@@ -224,8 +152,8 @@ class Settings(BaseSettings):
         "step before it sleeps (vLLM's own: 1 s, a core's second spent after every request).",
     )
     startup_timeout_s: float = Field(900.0, gt=0, description="Replica start-up limit.")
-    request_timeout_s: float = Field(600.0, gt=0, description="One backend attempt's limit.")
-    backend_ack_timeout_s: float = Field(
+    request_timeout_s: float = Field(600.0, gt=0, description="One replica attempt's limit.")
+    replica_ack_timeout_s: float = Field(
         10.0, gt=0, description="A replica connection whose sent bytes stay unacknowledged this "
         "long is dead (TCP_USER_TIMEOUT): the request fails over instead of hanging."
     )
@@ -382,84 +310,66 @@ class Settings(BaseSettings):
         description="Model-hash cache, the engines' compile cache, tiny models."
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The old names of renamed env vars are read after the new ones (which win)."""
+        return (init_settings, env_settings, RenamedEnvSource(settings_cls), dotenv_settings,
+                file_secret_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_kwargs(data)
+
     @field_validator(
-        "gpus", "backend_urls", "scorers", "image_url_allowlist", "api_keys", mode="before",
+        "gpus", "replica_urls", "scorers", "image_url_allowlist", "api_keys", mode="before",
     )
     @classmethod
     def _csv(cls, value: object) -> object:
-        return _split_csv(value)
+        return parse.split_csv(value)
 
     @field_validator("engine_args", mode="before")
     @classmethod
     def _words(cls, value: object) -> object:
-        return engine_words(value)
+        return parse.engine_words(value)
 
     @field_validator("engine_args")
     @classmethod
     def _flags(cls, words: list[str]) -> list[str]:
-        return _no_comma_joined_flags(words)
+        return parse.no_comma_joined_flags(words)
 
-    @field_validator("backend_urls")
+    @field_validator("replica_urls")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"backend url {url!r} must start with http:// or https://")
-        return [url.rstrip("/") for url in urls]
+        return parse.replica_urls(urls)
 
     @model_validator(mode="after")
     def _needs_model(self) -> Settings:
-        if not self.model and not self.backend_urls:
-            raise ValueError("--model is required unless --backend-url attaches replicas")
+        if not self.model and not self.replica_urls:
+            raise ValueError("--model is required unless --replica-url attaches replicas")
         return self
 
     @model_validator(mode="after")
     def _limits_agree(self) -> Settings:
-        """Limits that contradict each other would refuse what another limit promises."""
-        if self.max_tokens_default > self.max_tokens_limit:
-            raise ValueError(f"GRM_MAX_TOKENS_DEFAULT={self.max_tokens_default} exceeds "
-                             f"GRM_MAX_TOKENS_LIMIT={self.max_tokens_limit}")
-        # An image travels as base64 (4/3 of its bytes) inside a JSON body.
-        needed = self.max_image_bytes * 4 // 3 + 64 * 1024
-        if self.max_body_bytes < needed:
-            raise ValueError(f"GRM_MAX_BODY_BYTES={self.max_body_bytes} cannot carry one image of "
-                             f"GRM_MAX_IMAGE_BYTES={self.max_image_bytes} (base64): raise it to "
-                             f"{needed} or lower the image limit")
-        if self.max_bytes_in_flight < self.max_body_bytes:
-            raise ValueError(f"GRM_MAX_BYTES_IN_FLIGHT={self.max_bytes_in_flight} is below "
-                             f"GRM_MAX_BODY_BYTES={self.max_body_bytes}: one largest body would "
-                             "never be admitted; raise it or lower the body limit")
+        parse.check_limits(self.max_tokens_default, self.max_tokens_limit, self.max_image_bytes,
+                           self.max_body_bytes, self.max_bytes_in_flight)
         return self
 
     @model_validator(mode="after")
     def _gpus_fit_tensor_parallel(self) -> Settings:
-        """A replica takes `tensor-parallel-size` distinct GPUs of `--gpus` (it wraps around the
-        list, so replicas may share GPUs, but one replica never takes the same GPU twice)."""
-        tp, distinct = self.tensor_parallel_size, len(set(self.gpus))
-        if self.gpus and tp > distinct:
-            raise ValueError(f"--tensor-parallel-size {tp} needs {tp} distinct GPUs per replica "
-                             f"but --gpus {','.join(map(str, self.gpus))} lists {distinct}: list "
-                             f"at least {tp} (e.g. --gpus {','.join(map(str, range(tp)))})")
+        parse.check_gpus_fit(self.tensor_parallel_size, self.gpus)
         return self
 
     @property
     def tensor_parallel_size(self) -> int:
-        """vLLM's `--tensor-parallel-size`/`-tp` among the engine args (the last one wins)."""
-        tp = "1"
-        for i, arg in enumerate(self.engine_args):
-            if arg in ("--tensor-parallel-size", "-tp") and i + 1 < len(self.engine_args):
-                tp = self.engine_args[i + 1]
-            elif arg.startswith(("--tensor-parallel-size=", "-tp=")):
-                tp = arg.split("=", 1)[1]
-        parsed = decimal(tp)
-        return 1 if parsed is None else parsed
+        return parse.tensor_parallel_size(self.engine_args)
 
     def all_api_keys(self) -> list[str]:
-        keys = list(self.api_keys)
-        if self.api_keys_file is not None:
-            lines = self.api_keys_file.read_text().splitlines()
-            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-        return keys
+        return parse.api_keys(self.api_keys, self.api_keys_file)
 
     @property
     def model_name(self) -> str:
@@ -475,4 +385,13 @@ class Settings(BaseSettings):
 
     @property
     def attach(self) -> bool:
-        return bool(self.backend_urls)
+        return bool(self.replica_urls)
+
+    # Deprecated: the names of this release's renamed fields, read for one release.
+    @property
+    def backend_urls(self) -> list[str]:
+        return self.replica_urls
+
+    @property
+    def backend_ack_timeout_s(self) -> float:
+        return self.replica_ack_timeout_s

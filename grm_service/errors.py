@@ -23,10 +23,10 @@
     │   └── TooManyGroups         429  a new group while GRM_GROUP_MAX_OPEN groups are held open
     ├── ServiceUnavailable        503  no healthy replica, or the service is draining
     │   └── EdgeFull              503  the edge's bounds: open connections, request bytes in flight
-    ├── BackendFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
+    ├── ReplicaFailed             502  every attempt at a replica failed (connection, 5xx, timeout)
     │   ├── ResponseTooLarge      502  a replica's answer is over GRM_MAX_RESPONSE_BYTES
     │   └── NoReward              502  `/verify`: the scorer gave a rollout no reward (its reason)
-    ├── BackendRejected           4xx  the engine refused the request; its status and message kept
+    ├── ReplicaRejected           4xx  the engine refused the request; its status and message kept
     ├── LedgerUnavailable         503  the ledger's store failed (full disk, database gone):
     │   │                              counted and logged, never an answer's failure (only
     │   │                              a `GET /v1/ledger/...` read's)
@@ -167,24 +167,24 @@ class EdgeFull(ServiceUnavailable):
     code = "edge_full"
 
 
-class BackendFailed(GrmError):
+class ReplicaFailed(GrmError):
     http_status = 502
-    code = "backend_failed"
+    code = "replica_failed"
 
 
-class ResponseTooLarge(BackendFailed):
+class ResponseTooLarge(ReplicaFailed):
     """Not retried: the same request gets the same answer, as large, from any replica."""
 
     code = "response_too_large"
 
 
-class NoReward(BackendFailed):
+class NoReward(ReplicaFailed):
     """A Gym rollout the scorer could not score: an error, never a reward of 0."""
 
     code = "no_reward"
 
 
-class BackendRejected(GrmError):
+class ReplicaRejected(GrmError):
     """The engine answered 4xx: the request is wrong for this model (too long, bad image...)."""
 
     code = "rejected_by_engine"
@@ -192,6 +192,11 @@ class BackendRejected(GrmError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.http_status = status
+
+
+# The names of an earlier release, for one release more: the same classes.
+BackendFailed = ReplicaFailed
+BackendRejected = ReplicaRejected
 
 
 class LedgerUnavailable(GrmError):

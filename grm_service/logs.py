@@ -11,5 +11,5 @@ def setup_logging(level: str, process: str = "") -> None:
     tag = f"{process} " if process else ""
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
-    # One line per backend call would drown the lifecycle events.
+    # One line per replica call would drown the lifecycle events.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -71,8 +71,8 @@ class Metrics:
             "grm_replica_restarts", "Restarts of a replica after a crash.", ["replica"],
             registry=r,
         )
-        self.backend_failures = Counter(
-            "grm_backend_failures", "Failed attempts at a replica (then failed over).",
+        self.replica_failures = Counter(
+            "grm_replica_failures", "Failed attempts at a replica (then failed over).",
             ["replica", "reason"], registry=r,
         )
         self.violations = Counter(

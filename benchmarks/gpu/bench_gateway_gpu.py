@@ -170,7 +170,7 @@ def attached(procs: list[Proc], vl: Proc, model: str, variants: list[str],
     out = []
     for variant in variants:
         name, _, tree = variant.partition("=")
-        out.append(gateway(procs, f"gw-{name}", ["--backend-url", replica_url(vl),
+        out.append(gateway(procs, f"gw-{name}", ["--replica-url", replica_url(vl),
                                                  "--served-model-name", model, *extra], [],
                            workers,
                            str(Path(tree).resolve()) if tree else ""))
@@ -543,7 +543,7 @@ def main() -> None:
                                          "--port", str(port), *shape], port)
             time.sleep(2)
             # A stub proves no batch invariance: the gateway would serialize it.
-            vl = gateway(procs, "gw-vl", ["--backend-url", stub.url, "--served-model-name",
+            vl = gateway(procs, "gw-vl", ["--replica-url", stub.url, "--served-model-name",
                                           "rm", *unproven], [], args.gateway_workers)
             model, cls = "rm", None
         else:
@@ -567,7 +567,7 @@ def main() -> None:
                                                    .splitlines()[-60:]), flush=True)
             raise
         if args.cls and not args.stub:
-            serial = gateway(procs, "gw-cls-serial", ["--backend-url", replica_url(cgw),
+            serial = gateway(procs, "gw-cls-serial", ["--replica-url", replica_url(cgw),
                                                       "--served-model-name", "cls",
                                                       "--serialize", "on"], [])
             wait_ready([serial], 120)

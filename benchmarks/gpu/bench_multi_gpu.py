@@ -5,7 +5,7 @@ Replica sets are named `NAME=GPUS[:TP]`: `serve --replicas len(GPUS)/TP --gpus G
 
   scale  every --set through a gateway with `--workers 1` (it launches the replicas) and, with
          --workers-n N, a second gateway with `--workers N` attached to the same replicas
-         (`--backend-url` each); OCR 256 concurrent x 128 tokens and the judge 1,024 x 4 tokens
+         (`--replica-url` each); OCR 256 concurrent x 128 tokens and the judge 1,024 x 4 tokens
          at 256 in flight, --rounds interleaved rounds (order alternated), medians, ratio to the
          first target. Then, on the last set: `grm-service verify`'s probe (--probes items, so
          that its "concurrency 64" row has 64 in flight), the sampling groups (top_p, top_k,
@@ -88,7 +88,7 @@ def replica_urls(gw: Proc) -> dict[str, str]:
 
 
 def attach(procs: list[Proc], gw: Proc, workers: int) -> Proc:
-    urls = [a for url in replica_urls(gw).values() for a in ("--backend-url", url)]
+    urls = [a for url in replica_urls(gw).values() for a in ("--replica-url", url)]
     return gateway(procs, f"{gw.name}-w{workers}", [*urls, "--served-model-name", MODEL], [],
                    workers)
 

@@ -32,7 +32,8 @@ from grm_service.commands.manifest import (
     with_prompts,
 )
 from grm_service.commands.results import ResultWriter, format_of, in_input_order, read_rows
-from grm_service.config import EngineName, engine_words
+from grm_service.config import EngineName
+from grm_service.config_parsers import engine_words
 from grm_service.errors import ModelNotFound
 from grm_service.fingerprint import json_digest
 from grm_service.model_source import check_model

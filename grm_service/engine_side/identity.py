@@ -2,7 +2,7 @@
 
 The gateway never infers what a replica runs from its own host (a gateway container without a GPU
 would describe a GPU deployment as a CPU one). Every replica grm-service starts — locally, on Ray
-or as `grm-service backend` — loads `IdentityMiddleware` through vLLM's `--middleware` hook and
+or as `grm-service replica` — loads `IdentityMiddleware` through vLLM's `--middleware` hook and
 answers `GET /grm/identity` next to the engine's API: same process, same port, same lifetime as
 the engine, so there is no sidecar to start, watch or secure, and the answer cannot outlive the
 engine it describes. The identity covers:

@@ -1,4 +1,4 @@
-"""Engine profiles: how to launch and talk to each backend engine."""
+"""Engine profiles: how to launch and talk to each engine."""
 
 from __future__ import annotations
 

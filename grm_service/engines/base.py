@@ -61,7 +61,7 @@ class ReplicaSpec:
 
     def sweep_stale_tmp(self) -> list[Path]:
         """Remove this replica's temp dirs whose launching process is gone: a `grm-service
-        backend` becomes the engine and leaves nobody to remove its own, and a killed gateway
+        replica` becomes the engine and leaves nobody to remove its own, and a killed gateway
         leaves its replicas'. Those of a live process (another service on this work dir) stay."""
         return remove_dead_owners(Path(tempfile.gettempdir()), self._tmp_prefix(), self.name)
 
@@ -69,7 +69,7 @@ class ReplicaSpec:
 @dataclass(frozen=True)
 class ChildCommand:
     """One replica's recipe: what to exec, with which environment, needing which folders.
-    Built by the engine profile only, used by every launcher (local, Ray, `grm-service backend`)."""
+    Built by the engine profile only, used by every launcher (local, Ray, `grm-service replica`)."""
 
     argv: list[str]
     env: dict[str, str]
@@ -143,7 +143,7 @@ class Engine(ABC):
         sampler's, and the rank count of logprobs), and on CPU the precompiled C++ header they
         build on (engine_side/header_cache.py). Inductor's default is a folder of the temp dir,
         the replica's own: every start compiled them again at its first request, and a `grm-service
-        backend` left them behind. Inductor keys each entry on its source, the torch version and
+        replica` left them behind. Inductor keys each entry on its source, the torch version and
         the compiler's flags, and locks what it writes, so one folder serves every replica."""
         return self.settings.cache_dir / "torchinductor"
 

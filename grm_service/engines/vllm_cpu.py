@@ -60,7 +60,7 @@ class VllmCpu(Engine):
         cores = os.cpu_count() or 1
         pythonpath = [compat.child_pythonpath_entry(), os.environ.get("PYTHONPATH", "")]
         # vLLM's default binding puts every replica's worker on core 0: give each its own
-        # core, unless the operator chose one (GRM_ENGINE_ENV), as a `grm-service backend` per
+        # core, unless the operator chose one (GRM_ENGINE_ENV), as a `grm-service replica` per
         # container or per core must, being replica 0 of one.
         bind = self.settings.engine_env.get(BIND_ENV, str(spec.index % cores))
         return {

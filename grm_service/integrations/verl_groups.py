@@ -2,7 +2,7 @@
 
 verl 0.9's reward loop calls the reward function once per sample, as each rollout finishes, on any
 reward loop worker: `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`
-(its naive reward manager's `run_single`). The sample's group key, `uid` (one per prompt and
+(its naive reward manager's `run_single`). The sample's group id, `uid` (one per prompt and
 step, shared by its `actor_rollout_ref.rollout.n` samples), is in the sample's DataProto
 (`non_tensor_batch["uid"]`), not among those arguments. `GroupRewardManager` is verl's naive
 reward manager that first puts `group_id` (the uid) and `group_size` (rollout.n) into the

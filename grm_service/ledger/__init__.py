@@ -2,9 +2,9 @@
 
     records.py   Origin (who asked: key id, run, step) and Record (one answered request)
     batches.py   a flush's records packed as one row: the blob, its tags, digests and lookups
-    store.py     the Store every backend implements: batches written, records read back
+    store.py     the Store every database implements: batches written, records read back
     upgrade.py   a ledger of the earlier one-row-per-record layout moved into batches
-    location.py  `open_store(location)`: which backend a location names; `open_reader`;
+    location.py  `open_store(location)`: which database a location names; `open_reader`;
                  `check_location`: one that can never work, refused before the service starts
     sqlite.py    the embedded default: one SQLite file in WAL mode, owner-only
     postgres.py  several gateways sharing one ledger (psycopg 3)
@@ -15,5 +15,5 @@
     query.py     reading it back (CLI, `GET /v1/ledger/...`, `grm-service replay`)
 
 The request path hooks in at one point, `proxy.forward`, with the request's canonical body in
-hand: the routing key and the request digest come from the same bytes the ledger keys on.
+hand: the route digest and the request digest come from the same bytes the ledger looks up by.
 """

@@ -11,7 +11,7 @@ What the queries select on is kept beside the blob, small:
   without an index entry per record);
 - `ends`: where each record ends in the blob (one record is read without decoding the others),
   after the texts its records share (`Index`);
-- `lookups`: the records the cache may answer, under their 64-bit key (`store.lookup_key`).
+- `lookups`: the records the cache may answer, by their 64-bit `store.lookup_digest`.
 
 A record is its values in `COLUMNS`' order, msgpack-encoded (msgspec): floats, integers, text and
 bytes come back exactly as written. Record ids are the batch's first id plus the record's place.
@@ -77,7 +77,7 @@ class Batch:
     ends: bytes
     data: bytes
     tags: tuple[Tag, ...]
-    lookups: tuple[tuple[int, int], ...]  # (place in the batch, lookup key)
+    lookups: tuple[tuple[int, int], ...]  # (place in the batch, lookup digest)
 
 
 def split(rows: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[Any, ...]]]:

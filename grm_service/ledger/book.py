@@ -4,10 +4,10 @@
     if not ledger.may_answer(origin, pinned):  # the cache's policy, here only
         ledger.record(path, raw, origin, await compute())
     else:
-        key = ledger.key_of(path, request_digest, origin, expected_id)
-        found = await ledger.look_up(key)      # (payload, fields marked "hit"/"coalesced")
+        lookup = ledger.lookup_of(path, request_digest, origin, expected_id)
+        found = await ledger.look_up(lookup)      # (payload, fields marked "hit"/"coalesced")
         if found is None:
-            with ledger.lead(key) as lead:     # identical requests wait for this one
+            with ledger.lead(lookup) as lead:     # identical requests wait for this one
                 answer, how = await compute(), ""
                 lead.done(answer)
         else:
@@ -21,7 +21,7 @@ answer would carry) is a digest, not worth a request the cache never answers eit
 `how` is "" (computed), "hit" (from the record) or "coalesced" (another request's computation).
 Every answer is recorded, hits included; the cache applies per the client route's policy:
 `/v1/score` items by default, `/v1/chat/completions` only with GRM_LEDGER_CACHE_CHAT; and
-within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Key`'s scope).
+within one API key's requests, unless GRM_LEDGER_CACHE_SHARED (`cache.Lookup`'s scope).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from grm_service.config import LedgerBodies, Settings
 from grm_service.errors import LedgerUnavailable
-from grm_service.ledger.cache import Answer, Found, InFlight, Key, Lead, Recent
+from grm_service.ledger.cache import Answer, Found, InFlight, Lead, Lookup, Recent
 from grm_service.ledger.location import open_reader, open_store, shown
 from grm_service.ledger.records import Origin, Record, fields_json
 from grm_service.ledger.store import Store, row
@@ -100,27 +100,27 @@ class Ledger:
             return self._cache_score
         return origin.route in CHAT_ROUTES and self._cache_chat
 
-    def key_of(self, path: str, request_digest: str, origin: Origin, expected_id: str) -> Key:
-        """The cache's key of a request it may answer (`may_answer`): `expected_id`, the
+    def lookup_of(self, path: str, request_digest: str, origin: Origin, expected_id: str) -> Lookup:
+        """The cache's lookup of a request it may answer (`may_answer`): `expected_id`, the
         fingerprint id its answer would carry, and `request_digest`, its canonical body's."""
         return (expected_id, request_digest, path, self.scope(origin))
 
     def scope(self, origin: Origin) -> str:
-        """The cache scope `origin`'s requests are looked up in (`cache.Key`)."""
+        """The cache scope `origin`'s requests are looked up in (`cache.Lookup`)."""
         return origin.key_id if self._per_key else ""
 
-    async def look_up(self, key: Key) -> Found | None:
-        """`key`'s answer as recorded (a hit: recent here, else from the store), else as an
+    async def look_up(self, lookup: Lookup) -> Found | None:
+        """`lookup`'s answer as recorded (a hit: recent here, else from the store), else as an
         identical request in flight computes it (coalesced); None where this request computes
-        it, within `lead(key)`."""
-        found = self.recent.get(key)
+        it, within `lead(lookup)`."""
+        found = self.recent.get(lookup)
         if found is None:
-            record = await self._lookup(key)
+            record = await self._lookup(lookup)
             if record is not None:
                 found = (json.loads(record.payload), record.fields)
         how = "hit"
         if found is None:
-            answer = await self.inflight.joined(key)
+            answer = await self.inflight.joined(lookup)
             if answer is None:
                 self._outcomes["miss"].inc()
                 return None
@@ -129,20 +129,20 @@ class Ledger:
         return found[0], {**found[1], "cache": how}
 
     @contextlib.contextmanager
-    def lead(self, key: Key) -> Iterator[Lead]:
-        """This request computes `key`'s answer (`Lead.done`) while identical ones wait."""
-        with self.inflight.lead(key, self.recent) as lead:
+    def lead(self, lookup: Lookup) -> Iterator[Lead]:
+        """This request computes `lookup`'s answer (`Lead.done`) while identical ones wait."""
+        with self.inflight.lead(lookup, self.recent) as lead:
             yield lead
 
-    async def _lookup(self, key: Key) -> Record | None:
+    async def _lookup(self, lookup: Lookup) -> Record | None:
         try:
-            return await self.read(lambda store: store.lookup(*key))
+            return await self.read(lambda store: store.lookup(*lookup))
         except LedgerUnavailable:
             return None  # the store is down: compute it (the writer counts and logs)
 
     def record(self, path: str, raw: Sequence[bytes | memoryview], origin: Origin,
                answer: Answer, how: str = "", scope: str | None = None) -> None:
-        """`scope`: the cache's scope this request's repeats look it up in (`cache.Key`); None
+        """`scope`: the cache's scope this request's repeats look it up in (`cache.Lookup`); None
         where the cache never answers them."""
         keep = self._keep_all or (self._keep_tagged and origin.run)
         size = _RECORD_BYTES + (sum(map(len, raw)) if keep else 0)

@@ -1,6 +1,6 @@
 """An identical request answered once: from the record, or by the computation in flight.
 
-The key is (fingerprint id, request digest, engine path, scope): the fingerprint id names the
+A lookup is (fingerprint id, request digest, engine path, scope): the fingerprint id names the
 seed, the model's files and the numerics environment, so a new model, engine or env never matches
 a record of the old one. The scope is the asker's key id (`records.key_id`, a digest of the API
 key): a hit tells its asker that someone sent that exact request, so one key is answered from
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-Key = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
+Lookup = tuple[str, str, str, str]  # fingerprint id, request digest, engine path, scope
 
 
 class Answer(Protocol):
@@ -45,21 +45,21 @@ _RECENT = 2048
 
 
 class Recent:
-    """The last answers computed here, by key (a bounded LRU)."""
+    """The last answers computed here, by lookup (a bounded LRU)."""
 
     def __init__(self, size: int = _RECENT) -> None:
         self.size = size
-        self._items: OrderedDict[Key, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[Lookup, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
 
-    def get(self, key: Key) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        found = self._items.get(key)
+    def get(self, lookup: Lookup) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        found = self._items.get(lookup)
         if found is not None:
-            self._items.move_to_end(key)
+            self._items.move_to_end(lookup)
         return found
 
-    def put(self, key: Key, answer: Answer) -> None:
-        self._items[key] = (answer.payload, answer.fields)
-        self._items.move_to_end(key)
+    def put(self, lookup: Lookup, answer: Answer) -> None:
+        self._items[lookup] = (answer.payload, answer.fields)
+        self._items.move_to_end(lookup)
         if len(self._items) > self.size:
             self._items.popitem(last=False)
 
@@ -67,16 +67,16 @@ class Recent:
 class Lead:
     """This request computes the answer identical requests in flight wait for (`InFlight`)."""
 
-    def __init__(self, key: Key, future: asyncio.Future[Any], recent: Recent) -> None:
-        self.key = key
+    def __init__(self, lookup: Lookup, future: asyncio.Future[Any], recent: Recent) -> None:
+        self.lookup = lookup
         self.future = future
         self.recent = recent
 
     def done(self, answer: Answer) -> None:
         """The answer computed: the waiters get it, and later repeats find it where it carries
         the fingerprint id it was looked up by."""
-        if answer.fields["fingerprint_id"] == self.key[0]:
-            self.recent.put(self.key, answer)
+        if answer.fields["fingerprint_id"] == self.lookup[0]:
+            self.recent.put(self.lookup, answer)
         self.future.set_result(answer)
 
 
@@ -85,12 +85,12 @@ class InFlight:
     it (`joined`)."""
 
     def __init__(self) -> None:
-        self._running: dict[Key, asyncio.Future[Any]] = {}
+        self._running: dict[Lookup, asyncio.Future[Any]] = {}
 
-    async def joined(self, key: Key) -> Answer | None:
+    async def joined(self, lookup: Lookup) -> Answer | None:
         """The answer of an identical request in flight, once it has it (its error, where it
         failed); None where none is in flight, or its client went away: this one computes."""
-        running = self._running.get(key)
+        running = self._running.get(lookup)
         if running is None:
             return None
         await asyncio.wait({running})  # raises only if this request itself is cancelled
@@ -100,13 +100,13 @@ class InFlight:
         return answer
 
     @contextlib.contextmanager
-    def lead(self, key: Key, recent: Recent) -> Iterator[Lead]:
-        """While this request computes `key`'s answer, the identical ones wait for it; what
+    def lead(self, lookup: Lookup, recent: Recent) -> Iterator[Lead]:
+        """While this request computes `lookup`'s answer, the identical ones wait for it; what
         it raises, they raise; where it is cancelled, they compute it themselves."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._running[key] = future
+        self._running[lookup] = future
         try:
-            yield Lead(key, future, recent)
+            yield Lead(lookup, future, recent)
         except Exception as err:
             if not future.done():
                 future.set_exception(err)
@@ -116,5 +116,5 @@ class InFlight:
             future.cancel()
             raise
         finally:
-            if self._running.get(key) is future:
-                del self._running[key]
+            if self._running.get(lookup) is future:
+                del self._running[lookup]

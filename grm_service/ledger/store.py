@@ -2,7 +2,7 @@
 
     ledger_batches  a flush's records: one row, their values packed in one blob
     ledger_tags     per batch, its (key id, run, step) lines: the runs and steps views
-    ledger_lookup   the records the cache may answer, by their 64-bit key
+    ledger_lookup   the records the cache may answer, by their 64-bit lookup digest (column `key`)
     ledger_ids      the next record id (one row: writers of several processes take turns on it)
 
 Every method runs on the caller's thread and blocks (the writer and the reader call them on
@@ -83,12 +83,12 @@ class Selection:
                 and (self.last_step is None or (step is not None and step <= self.last_step)))
 
 
-def lookup_key(fingerprint_id: str, request_digest: str, path: str, scope: str = "") -> int:
-    """The cache's key (`cache.Key`) as one signed 64-bit integer, the lookup index's only column.
+def lookup_digest(fingerprint_id: str, request_digest: str, path: str, scope: str = "") -> int:
+    """A cache lookup (`cache.Lookup`) as one signed 64-bit integer: the lookup index's column.
 
     An index on the text columns themselves took each write to a random leaf page of an index
     several times this size (benchmarks/bench_ledger_store.py); a lookup still compares the
-    columns, so two keys that share this integer are told apart. The shared scope ("") hashes
+    columns, so two lookups that share this integer are told apart. The shared scope ("") hashes
     as the ledgers written before scopes did: their records are found where the cache is shared,
     and are missed (recomputed, never another key's) where it is per key."""
     parts = (fingerprint_id, request_digest, path, scope) if scope else (
@@ -100,7 +100,7 @@ def lookup_key(fingerprint_id: str, request_digest: str, path: str, scope: str =
 def row(at: float, origin: Origin, path: str, digests: tuple[str, str, str], body: Any,
         payload: Any, fields: str, cache: str, scope: str | None) -> tuple[Any, ...]:
     """One record's values in `COLUMNS`' order. `digests`: fingerprint id, request and response
-    digests. `scope`: the cache's scope its repeats are looked up in (`lookup_key`); None where
+    digests. `scope`: the cache's scope its repeats are looked up in (`lookup_digest`); None where
     the cache never answers them (not in the lookup index). As the request path leaves it
     (`finished` makes it ready for the store, where the request path could not), `body` may be
     the canonical body's parts (an image request's long strings, not joined on the loop) and
@@ -108,14 +108,14 @@ def row(at: float, origin: Origin, path: str, digests: tuple[str, str, str], bod
     waits for its write, which a record's objects cost every answer meanwhile
     (benchmarks/cpu_inprocess.py)."""
     fp_id, request_digest, response_digest = digests
-    key = None if scope is None or cache else lookup_key(fp_id, request_digest, path, scope)
+    lookup = None if scope is None or cache else lookup_digest(fp_id, request_digest, path, scope)
     # A body of one piece and the engine's bytes (a chat answer's, nearly always) leave the
     # row finished, its size counted (never 0: `record_size` adds the columns'); a size of 0
     # is what `finished` completes on the writer's thread.
     final = (body is None or type(body) is bytes) and type(payload) is bytes
     size = record_size(body, payload) if final else 0
     return (at, origin.key_id, origin.run or "", origin.step, origin.route, path, fp_id,
-            request_digest, response_digest, body, payload, fields, cache, size, key)
+            request_digest, response_digest, body, payload, fields, cache, size, lookup)
 
 
 def finished(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -133,7 +133,7 @@ def finished(values: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def row_values(record: Record, scope: str = "") -> tuple[Any, ...]:
-    """`scope`: the cache's scope an indexed record is looked up in (`lookup_key`)."""
+    """`scope`: the cache's scope an indexed record is looked up in (`lookup_digest`)."""
     return finished(row(record.at, record.origin, record.path,
                         (record.fingerprint_id, record.request_digest, record.response_digest),
                         record.body, record.payload, fields_json(record.fields), record.cache,
@@ -201,7 +201,7 @@ class Store(ABC):
         """The newest computed (not itself cached) answer to this request by this identity, in
         the cache's `scope` ("": any key's; else a key id: that key's own)."""
         rows = self.query("SELECT record FROM ledger_lookup WHERE key = ? ORDER BY record DESC",
-                          [lookup_key(fingerprint_id, request_digest, path, scope)])
+                          [lookup_digest(fingerprint_id, request_digest, path, scope)])
         for (record_id,) in rows:  # one, but for a 64-bit collision
             found = self.record(record_id, scope or None)
             if found is not None and (found.fingerprint_id, found.request_digest, found.path,

@@ -54,7 +54,7 @@ class LocalSource(ReplicaSource):
 
 
 class AttachedSource(ReplicaSource):
-    """A replica someone else runs (`grm-service backend`, a plain vLLM server): only located."""
+    """A replica someone else runs (`grm-service replica`, a plain vLLM server): only located."""
 
     owns_process = False
 
@@ -71,4 +71,4 @@ def local_sources(engine: Engine) -> list[ReplicaSource]:
 
 
 def attached_sources(settings: Settings) -> list[ReplicaSource]:
-    return [AttachedSource(i, url) for i, url in enumerate(settings.backend_urls)]
+    return [AttachedSource(i, url) for i, url in enumerate(settings.replica_urls)]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grm_service.dual_scales import DualScales
-from grm_service.errors import BackendFailed, BackendRejected, InvalidRequest
+from grm_service.errors import InvalidRequest, ReplicaFailed, ReplicaRejected
 from grm_service.fingerprint import Fingerprint
 from grm_service.scoring.models import ItemResult, ScoreItem
 
@@ -71,7 +71,7 @@ class ScorerContext:
 
 # Failures of one item (InvalidRequest: the checkpoint refused what this item would send);
 # anything else (ServiceUnavailable, Overloaded, bugs) fails the batch.
-ITEM_FAILURES = (ItemError, BackendRejected, BackendFailed, InvalidRequest)
+ITEM_FAILURES = (ItemError, ReplicaRejected, ReplicaFailed, InvalidRequest)
 
 # A pointwise scorer; `Finish`: a scorer's step over a whole batch's results (in input
 # order), given its items and options (clip's softmax).

@@ -1,4 +1,4 @@
-"""STUB OpenAI-compatible backend: for testing and benchmarking the gateway itself.
+"""STUB OpenAI-compatible replica: for testing and benchmarking the gateway itself.
 
 It runs no model. `/v1/chat/completions` answers at once with a text derived from the request
 bytes (so routing and fingerprint code see distinct, repeatable outputs), `/v1/responses` with

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 SAMPLING = {"max_tokens": 12}
-REPLICA_SERVICES = ("replica-cpu-0", "replica-cpu-1")  # r0, r1: GRM_BACKEND_URLS' order
+REPLICA_SERVICES = ("replica-cpu-0", "replica-cpu-1")  # r0, r1: GRM_REPLICA_URLS' order
 GATEWAY_SERVICE = "gateway-cpu"
 STOP_GRACE_S = 60.0  # the gateway's stop_grace_period in deploy/docker-compose.yml
 MAX_STOP_COPIES = 8  # copies of the items in one batch of the stop check
@@ -68,7 +68,7 @@ class Stack:
 
 
 def sample_items(samples: Path) -> list[dict[str, Any]]:
-    """The packaged sample images, each scored twice under two ids (rendezvous routing keys on
+    """The packaged sample images, each scored twice under two ids (rendezvous routes by
     the request, so eight requests spread over both replicas)."""
     items = []
     for line in (samples / "manifest.jsonl").read_text().splitlines():
@@ -254,7 +254,7 @@ def check_partition(stack: Stack, items: list[dict[str, Any]], before: dict[str,
                     network: str) -> None:
     """The replica drops off the network, alive but unreachable: no FIN or RST reaches the
     gateway, so its pooled keep-alive connections to it are half-open. Requests on them must fail
-    over (GRM_BACKEND_ACK_TIMEOUT_S) rather than hang until the request timeout."""
+    over (GRM_REPLICA_ACK_TIMEOUT_S) rather than hang until the request timeout."""
     victim, service, container = pick_victim(stack, before)
     stack.run(stack.docker, "network", "disconnect", network, container)
     try:

@@ -115,10 +115,10 @@ async def drive(url: str, kill_after: int | None = None, victim: str = "r0") -> 
     return run
 
 
-def backend_failures(url: str) -> float:
+def replica_failures(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("grm_backend_failures_total{"))
+               if line.startswith("grm_replica_failures_total{"))
 
 
 def pinned(url: str, i: int, replica: str) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     assert len(distinct) > REQUESTS // 2, "outputs barely differ: the comparison proves little"
     assert clean.answers[0]["choices"][0]["logprobs"], "logprobs must be compared too"
 
-    failed_over = backend_failures(service.url)
+    failed_over = replica_failures(service.url)
     chaos = asyncio.run(drive(service.url, kill_after=KILL_AFTER))
     assert chaos.killed_pid is not None and chaos.done_at_kill < REQUESTS - CONCURRENCY
     assert not pids_alive([chaos.killed_pid]), "the replica survived SIGKILL"
@@ -153,7 +153,7 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     )
     mismatched = [i for i in range(REQUESTS) if chaos.answers[i] != clean.answers[i]]
     assert not mismatched, f"{len(mismatched)} answers changed, first {mismatched[0]}"
-    assert backend_failures(service.url) > failed_over, "no request was failed over"
+    assert replica_failures(service.url) > failed_over, "no request was failed over"
     # The keeper brings the killed replica back; the service ends with both serving.
     wait_ready(service, timeout=600)
     assert replica(service.url, "r0")["restarts"] == restarts + 1

@@ -117,7 +117,7 @@ def test_models_ready_metrics(gateway: Proc) -> None:
 
 def test_failover_to_the_other_replica_then_503(tmp: Path) -> None:
     a, b = start_stub(tmp), start_stub(tmp)
-    with running_gateway(tmp, "--backend-url", a.url, "--backend-url", b.url,
+    with running_gateway(tmp, "--replica-url", a.url, "--replica-url", b.url,
                          "--served-model-name", "rm",
                          timeout=60) as gw:
         owners = {i: chat(gw, seed=i).headers["x-grm-replica"] for i in range(20)}
@@ -152,7 +152,7 @@ def test_no_access_log_by_default_and_one_line_per_request_with_the_flag(
 ) -> None:
     chat(gateway)
     assert '"POST /v1/chat/completions HTTP/1.1" 200' not in gateway.log.read_text()
-    urls = [a for s in stubs for a in ("--backend-url", s.url)]
+    urls = [a for s in stubs for a in ("--replica-url", s.url)]
     with running_gateway(tmp, *urls, "--served-model-name", "rm", timeout=60,
                          env={"GRM_ACCESS_LOG": "1"}) as logged:
         assert chat(logged).status_code == 200

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_chaos import backend_failures
+from tests.integration.test_chaos import replica_failures
 from tests.support.engines import COMPUTE_REPEATS, Replica, attach_args
 from tests.support.groups import group_items
 from tests.support.procs import Proc, running_gateway, wait_ready
@@ -144,9 +144,9 @@ def test_a_replica_sigkilled_mid_group_changes_no_reward(
             os.killpg(int(victim["pid"]), signal.SIGKILL)
             return await sent
 
-    failed_over = backend_failures(own.url)
+    failed_over = replica_failures(own.url)
     chaos = asyncio.run(killed_mid_group())
     assert chaos.status_code == 200, chaos.text
-    assert backend_failures(own.url) > failed_over, "the kill landed with nothing in flight"
+    assert replica_failures(own.url) > failed_over, "the kill landed with nothing in flight"
     assert rewards(chaos.json()) == rewards(clean.json())
     wait_ready(launched_text, timeout=600)  # the keeper restarts r0 for the tests after

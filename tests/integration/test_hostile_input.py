@@ -396,7 +396,7 @@ def test_502_names_the_replica_not_its_address(tmp_path: Path) -> None:
     # No health check between the kill and the request: one would mark the replica down first,
     # and the answer would be a 503 (no healthy replica), not the failed attempt's 502.
     env = {"GRM_CANARY": "false", "GRM_HEALTH_INTERVAL_S": "600"}
-    with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+    with running_gateway(tmp_path, "--replica-url", stub.url, "--served-model-name", "rm",
                          timeout=60, env=env) as gw:
         stub.stop(signal.SIGKILL)
         r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
@@ -412,7 +412,7 @@ def test_an_answer_over_the_response_cap_is_a_502_naming_it(tmp_path: Path) -> N
     stub = start_stub(tmp_path, "--pad", "20000")  # chat answers only
     try:
         env = {"GRM_CANARY": "false", "GRM_MAX_RESPONSE_BYTES": "16384"}
-        with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+        with running_gateway(tmp_path, "--replica-url", stub.url, "--served-model-name", "rm",
                              timeout=60, env=env) as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
                            json={"messages": [{"role": "user", "content": "x"}]})

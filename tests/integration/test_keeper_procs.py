@@ -83,7 +83,7 @@ def stubs(tmp_path: Path) -> Iterator[list[Proc]]:
 def test_garbage_replicas_are_refused_and_the_others_stay_watched(
     tmp_path: Path, stubs: list[Proc]
 ) -> None:
-    urls = [a for s in stubs for a in ("--backend-url", s.url)]
+    urls = [a for s in stubs for a in ("--replica-url", s.url)]
     env = {"GRM_HEALTH_INTERVAL_S": str(HEALTH_INTERVAL_S)}
     gw = start_gateway(tmp_path, *urls, "--served-model-name", "rm", env=env)
     try:

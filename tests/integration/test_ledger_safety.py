@@ -113,7 +113,7 @@ def test_serve_on_a_ledger_that_can_never_work_refuses_to_start(tmp_path: Path) 
     started = time.monotonic()
     serving = {name: subprocess.Popen(
         [sys.executable, "-m", "grm_service.cli", "serve", "--port", str(free_port()),
-         "--backend-url", f"http://127.0.0.1:{free_port()}", "--work-dir", str(tmp_path / name)],
+         "--replica-url", f"http://127.0.0.1:{free_port()}", "--work-dir", str(tmp_path / name)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "GRM_LEDGER_URL": str(path)}) for name, (path, _) in locations.items()}
     try:

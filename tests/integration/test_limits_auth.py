@@ -40,7 +40,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     keys.write_text("# one per line\nother-key\n" + KEY + "\n")
     stub = start_stub(tmp)
     try:
-        with running_gateway(tmp, "--backend-url", stub.url, "--served-model-name", "rm",
+        with running_gateway(tmp, "--replica-url", stub.url, "--served-model-name", "rm",
                              timeout=60,
                              env={"GRM_API_KEYS_FILE": str(keys),
                                   "GRM_MAX_BODY_BYTES": "200000",
@@ -133,7 +133,7 @@ def test_no_500_from_malformed_json(gateway: Proc) -> None:
 def test_drain_on_sigterm(tmp_path: Path) -> None:
     stub = start_stub(tmp_path)
     try:
-        with running_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+        with running_gateway(tmp_path, "--replica-url", stub.url, "--served-model-name", "rm",
                              timeout=60) as gw:
             # From now on the STUB holds each request until released (the canary has passed):
             # the request stays in flight for as long as the checks below take.

@@ -27,7 +27,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     tmp = tmp_path_factory.mktemp("overload")
     stubs = [start_stub(tmp, "--delay", "0.05") for _ in range(2)]
     try:
-        urls = [a for s in stubs for a in ("--backend-url", s.url)]
+        urls = [a for s in stubs for a in ("--replica-url", s.url)]
         # --serialize off: serializing would cap each replica at 1 and bypass the inflight limit.
         with running_gateway(tmp, *urls, "--served-model-name", "rm", "--serialize", "off",
                              timeout=60, env=LIMITS) as proc:

@@ -49,7 +49,7 @@ def stubs(tmp_path: Path) -> Iterator[list[Proc]]:
 
 
 def _gateway(tmp_path: Path, stubs: list[Proc], *args: str, **env: str) -> Proc:
-    urls = [a for s in stubs for a in ("--backend-url", s.url)]
+    urls = [a for s in stubs for a in ("--replica-url", s.url)]
     # Every request must run alone on its replica, from whichever worker it comes.
     # TMPDIR: the run dir a SIGKILLed manager leaves behind stays in the test's folder.
     gw = start_gateway(tmp_path, *urls, "--served-model-name", "rm", "--workers", "2",

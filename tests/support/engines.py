@@ -9,12 +9,12 @@ gateways to a few long-lived replicas instead of launching their own:
   the keeper's own process. The text tests attach gateways of their own to its two replicas
   (`launched_replicas`), as they would to any running replica: one pair of text engines serves
   the run;
-- `vlm`: two `grm-service backend` replicas of the tiny vision-language model ("tiny-vlm", up to
+- `vlm`: two `grm-service replica` replicas of the tiny vision-language model ("tiny-vlm", up to
   8 images a prompt), each proving its own identity;
-- `classifier`: one `grm-service backend` replica of the tiny sequence classifier ("tiny-cls");
-- `vlm-reward`: two `grm-service backend` replicas of the tiny VLM reward head ("tiny-vlm-rm",
+- `classifier`: one `grm-service replica` replica of the tiny sequence classifier ("tiny-cls");
+- `vlm-reward`: two `grm-service replica` replicas of the tiny VLM reward head ("tiny-vlm-rm",
   HPSv3's shape, served by vLLM's pooling runner on /classify), two for failover.
-- `clip`: two `grm-service backend` replicas of the tiny CLIP ("tiny-clip", an embedding model
+- `clip`: two `grm-service replica` replicas of the tiny CLIP ("tiny-clip", an embedding model
   whose text tower takes 77 tokens).
 
 Each recipe starts when a test first asks for it (or earlier: `prestart`), with its replicas in
@@ -86,7 +86,7 @@ LAUNCHED = "launched-text"
 
 
 class Attachable(Protocol):
-    """A running replica a gateway can attach to (`--backend-url`)."""
+    """A running replica a gateway can attach to (`--replica-url`)."""
 
     @property
     def url(self) -> str: ...
@@ -101,7 +101,7 @@ class Replica:
 
 
 def attach_args(backends: Sequence[Attachable], served: str) -> list[str]:
-    return [*(a for b in backends for a in ("--backend-url", b.url)), "--served-model-name",
+    return [*(a for b in backends for a in ("--replica-url", b.url)), "--served-model-name",
             served]
 
 
@@ -115,14 +115,14 @@ UNMEASURED_ENGINES = {"GRM_ENGINE_ENV": json.dumps({COVERAGE_ENV: ""})}
 
 def start_backend(root: Path, model: Path, flags: list[str], name: str,
                   env: dict[str, str] | None = None, measured: bool = True) -> Proc:
-    """One `grm-service backend` (the engine replaces that process), in its own group.
+    """One `grm-service replica` (the engine replaces that process), in its own group.
 
     `measured=False` keeps coverage out of it: tracing every call of a vLLM engine costs it half
     again its start-up and its requests (33 -> 51 s, 2.2 -> 3.2 s for 40 requests, measured
     here), and the engine-side code is measured in the engines the tests launch themselves."""
     port = free_port()
     before, after = flags[:flags.index("--")], flags[flags.index("--"):]
-    argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
+    argv = [sys.executable, "-m", "grm_service.cli", "replica", "--model", str(model),
             "--port", str(port), *before, "--work-dir", str(root / f"{name}-{port}"), *after]
     log_path = root / f"{name}-{port}.log"
     with log_path.open("wb") as out:  # tied: a run stopped before its end leaves no engine

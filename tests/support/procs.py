@@ -181,7 +181,7 @@ def gateway_on_stubs(
         received(shared, clear=True)
     stubs = shared if shared is not None else [start_stub(tmp, *stub_args) for _ in range(count)]
     try:
-        urls = [a for s in stubs for a in ("--backend-url", s.url)]
+        urls = [a for s in stubs for a in ("--replica-url", s.url)]
         with running_gateway(tmp, *urls, "--served-model-name", "rm", *args,
                              timeout=60, env=env) as gateway:
             yield gateway, stubs

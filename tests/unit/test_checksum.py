@@ -25,8 +25,8 @@ def test_crc32_is_zlibs_whole_and_in_parts(size: int) -> None:
     data = random.Random(size).randbytes(size)
     assert checksum.crc32(data) == zlib.crc32(data)
     assert checksum.crc32(data, 0xDEADBEEF) == zlib.crc32(data, 0xDEADBEEF)
-    assert router.key_of(data) == zlib.crc32(data)
-    assert router.key_of_parts(_parts(data, size)) == zlib.crc32(data)
+    assert router.route_digest(data) == zlib.crc32(data)
+    assert router.route_digest_of_parts(_parts(data, size)) == zlib.crc32(data)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -34,7 +34,7 @@ def test_without_isal_zlib_gives_the_same_values(
         size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checksum, "_large_crc32", zlib.crc32)
     data = random.Random(size).randbytes(size)
-    assert router.key_of_parts(_parts(data, size)) == zlib.crc32(data)
+    assert router.route_digest_of_parts(_parts(data, size)) == zlib.crc32(data)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="isal's wheels")

@@ -5,6 +5,8 @@ source: tests/client_dist installs the built wheel on 3.10 and 3.11 and runs it.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -25,9 +27,16 @@ NEWER = {("typing", "Self"), ("enum", "StrEnum"), ("asyncio", "timeout"),
 
 
 def imports(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth (a function's lazy import too)."""
+    """Every module `path` imports, at any depth (a function's lazy import too), except those of
+    an `if TYPE_CHECKING:` block, which never run."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(inner) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+                   for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -85,3 +94,33 @@ def test_the_distribution_is_the_servers_version_httpx_only_and_no_plugin() -> N
     assert project["requires-python"] == ">=3.10"
     assert [d.split(">")[0] for d in project["dependencies"]] == ["httpx"]
     assert "entry-points" not in project and "scripts" not in project
+
+
+# The client distribution's environment, simulated: no server module, no pydantic.
+CLIENT_ONLY = """
+import importlib.abc, json, sys
+shipped, blocked = set(sys.argv[1].split(",")), ("pydantic", "pydantic_settings", "fastapi")
+class ClientOnly(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked or (
+                name.startswith("grm_service.") and name not in shipped):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, ClientOnly())
+import grm_service
+out = {"client": grm_service.GrmClient.__name__, "item": grm_service.ScoreItem.__name__}
+try:
+    grm_service.Settings
+except ModuleNotFoundError as err:
+    out["settings"] = str(err)
+print(json.dumps(out))
+"""
+
+
+def test_the_package_root_gives_the_client_without_the_server_and_says_what_is_missing() -> None:
+    shipped = ",".join(m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                       for m in MODULES)
+    run = subprocess.run([sys.executable, "-c", CLIENT_ONLY, shipped], capture_output=True,
+                         text=True, timeout=60, check=True, cwd=ROOT)
+    out = json.loads(run.stdout)
+    assert out["client"] == "GrmClient" and out["item"] == "ScoreItem"
+    assert out["settings"].startswith("grm_service.Settings comes with the server distribution")

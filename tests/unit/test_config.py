@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grm_service.commands.backend import backend_command
+from grm_service.commands.replica import replica_command
 from grm_service.config import EngineName, Settings
 
 
@@ -19,12 +20,48 @@ def test_every_field_reads_its_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRM_REPLICAS", "3")
     monkeypatch.setenv("GRM_GPUS", "0, 1")
     monkeypatch.setenv("GRM_ENGINE", "vllm-cpu")
-    monkeypatch.setenv("GRM_BACKEND_URLS", "http://a:1/,http://b:2")
+    monkeypatch.setenv("GRM_REPLICA_URLS", "http://a:1/,http://b:2")
     monkeypatch.setenv("GRM_ENGINE_ENV", '{"X": "1"}')
     s = Settings()
     assert (s.model, s.replicas, s.gpus, s.engine) == ("/m", 3, [0, 1], EngineName.VLLM_CPU)
-    assert s.backend_urls == ["http://a:1", "http://b:2"]
+    assert s.replica_urls == ["http://a:1", "http://b:2"]
     assert s.engine_env == {"X": "1"}
+
+
+RENAMED_ENV = [("GRM_BACKEND_URLS", "GRM_REPLICA_URLS", "replica_urls", "http://a:1",
+                ["http://a:1"], "http://b:2", ["http://b:2"]),
+               ("GRM_BACKEND_ACK_TIMEOUT_S", "GRM_REPLICA_ACK_TIMEOUT_S", "replica_ack_timeout_s",
+                "3", 3.0, "4", 4.0)]
+
+
+@pytest.mark.parametrize(("old", "new", "field", "old_value", "old_read", "new_value",
+                          "new_read"), RENAMED_ENV)
+def test_a_renamed_env_var_is_still_read_and_warned_about_and_the_new_one_wins(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, old: str, new: str,
+        field: str, old_value: str, old_read: object, new_value: str,
+        new_read: object) -> None:
+    monkeypatch.setenv(old, old_value)
+    with caplog.at_level(logging.WARNING, "grm_service"):
+        assert getattr(Settings(model="m"), field) == old_read
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{old} is deprecated and will be removed in the next release: use {new}"]
+    monkeypatch.setenv(new, new_value)
+    assert getattr(Settings(model="m"), field) == new_read
+    monkeypatch.delenv(old)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "grm_service"):
+        assert getattr(Settings(model="m"), field) == new_read
+    assert caplog.records == []
+
+
+def test_a_renamed_field_is_accepted_in_code_warned_and_read_under_both_names(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "grm_service"):
+        old = Settings(backend_urls=["http://a:1"], backend_ack_timeout_s=3)  # type: ignore[call-arg]
+    assert len(caplog.records) == 2 and "use 'replica_urls'" in caplog.records[0].getMessage()
+    assert old == Settings(replica_urls=["http://a:1"], replica_ack_timeout_s=3)
+    assert (old.backend_urls, old.backend_ack_timeout_s) == (["http://a:1"], 3.0)
+    assert "backend_urls" not in old.model_dump()
 
 
 def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +74,7 @@ def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ({}, "--model is required"),
         ({"model": "m", "replicas": 0}, "greater than or equal to 1"),
-        ({"backend_urls": ["ftp://x"]}, "must start with http"),
+        ({"replica_urls": ["ftp://x"]}, "replica url 'ftp://x' must start with http"),
         ({"model": "m", "serialize": "sometimes"}, "'auto', 'on' or 'off'"),
         ({"model": "m", "workers": 0}, "greater than or equal to 1"),
     ],
@@ -84,7 +121,7 @@ def test_engine_args_env_is_shell_words_or_a_json_list(monkeypatch: pytest.Monke
     monkeypatch.setenv("GRM_ENGINE_ARGS", value)
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
     assert settings.engine_args == ENGINE_WORDS
-    command = backend_command(settings, {})
+    command = replica_command(settings, {})
     shutil.rmtree(command.env["TMPDIR"])  # the recipe made the replica's temp dir
     argv = command.argv
     start = argv.index("--enforce-eager")

@@ -251,7 +251,7 @@ def test_grafana_dashboard_queries_real_metrics() -> None:
             "grm_replica_state", "grm_replica_last_error", "grm_replica_start_failures_total",
             "grm_score_items_total", "grm_audits_total", "grm_queue_depth",
             "grm_queue_wait_seconds_bucket", "grm_rejected_total", "grm_tokens_total",
-            "grm_score_item_duration_seconds_bucket", "grm_backend_failures_total"} <= used
+            "grm_score_item_duration_seconds_bucket", "grm_replica_failures_total"} <= used
     assert used - registry_series() <= PENDING_METRICS
     # The engines' own metrics, as the vLLM the images install names them.
     engine = {m for e in exprs for m in re.findall(r"\bvllm:[a-z_]+", e)}
@@ -347,7 +347,7 @@ def test_entrypoint_shellcheck() -> None:
 
 
 def test_entrypoint_refuses_to_start_without_a_model(fake_cli: Path) -> None:
-    for args in ((), ("serve",), ("backend",)):
+    for args in ((), ("serve",), ("replica",), ("backend",)):
         result = entry(*args, path=fake_cli)
         assert result.returncode == 64, result
         assert "set GRM_MODEL" in result.stderr and not result.stdout
@@ -369,18 +369,24 @@ def test_entrypoint_refuses_the_network_without_keys(fake_cli: Path, env: dict[s
     if not serves:
         assert result.returncode == 64 and "without GRM_API_KEYS" in result.stderr
         assert "GRM_OPEN_WITHOUT_KEYS=1" in result.stderr and not result.stdout
-    backend = entry("backend", path=fake_cli, GRM_MODEL="/models/rm", **env)
-    assert backend.returncode == 0, backend  # replicas publish nothing
+    replica = entry("replica", path=fake_cli, GRM_MODEL="/models/rm", **env)
+    assert replica.returncode == 0, replica  # replicas publish nothing
 
 
 def test_entrypoint_execs_grm_service_on_all_interfaces(fake_cli: Path) -> None:
     assert entry(path=fake_cli, GRM_MODEL="/models/rm").stdout == "host=0.0.0.0 args=serve\n"
     out = entry("--replicas", "2", "--model", "/m", "--", "--enforce-eager", path=fake_cli)
     assert out.stdout == "host=0.0.0.0 args=serve --replicas 2 --model /m -- --enforce-eager\n"
-    out = entry("backend", path=fake_cli, GRM_MODEL="/m", GRM_HOST="10.0.0.5")
-    assert out.stdout == "host=10.0.0.5 args=backend\n"
-    attach = entry(path=fake_cli, GRM_BACKEND_URLS="http://b0:8001")
-    assert attach.returncode == 0, attach.stderr
+    out = entry("replica", path=fake_cli, GRM_MODEL="/m", GRM_HOST="10.0.0.5")
+    assert out.stdout == "host=10.0.0.5 args=replica\n"
+    old = entry("backend", path=fake_cli, GRM_MODEL="/m", GRM_HOST="10.0.0.5")
+    assert old.stdout == "host=10.0.0.5 args=backend\n"  # the old verb, for one release
+    for attach_env in ({"GRM_REPLICA_URLS": "http://b0:8001"},
+                       {"GRM_REPLICA_URLS": "http://b0:8001"}):
+        attach = entry(path=fake_cli, **attach_env)
+        assert attach.returncode == 0, attach.stderr
+    flag = entry("--replica-url", "http://b0:8001", path=fake_cli)
+    assert flag.returncode == 0, flag.stderr
     other = entry("fingerprint", "--seed", "1", path=fake_cli)
     assert other.stdout == "host=0.0.0.0 args=fingerprint --seed 1\n"
 
@@ -412,7 +418,7 @@ def server() -> Iterator[tuple[int, dict[str, int]]]:
 @pytest.mark.parametrize(("replies", "healthy"), [
     ({"/ready": 200}, True),                   # gateway with a ready replica
     ({"/ready": 503, "/health": 200}, False),  # gateway up, no replica ready yet
-    ({"/health": 200}, True),                  # a lone `backend` replica (no /ready)
+    ({"/health": 200}, True),                  # a lone `replica` (no /ready)
     ({"/health": 500}, False),
 ])
 def test_entrypoint_healthcheck(server: tuple[int, dict[str, int]], fake_cli: Path,
@@ -454,7 +460,7 @@ def test_replicas_overlay_attaches_the_gateway_to_one_container_per_replica() ->
     assert set(services) == {"gateway-cpu", "prometheus", "grafana", *replicas}
     assert len(replicas) >= 2
     gateway = services["gateway-cpu"]
-    urls = gateway["environment"]["GRM_BACKEND_URLS"].split(",")
+    urls = gateway["environment"]["GRM_REPLICA_URLS"].split(",")
     assert urls == [f"http://{name}:8000" for name in replicas]
     # Started after the replicas but not gated on their health: while a replica cannot start,
     # the gateway is what reports it (metrics, /ready).
@@ -463,7 +469,7 @@ def test_replicas_overlay_attaches_the_gateway_to_one_container_per_replica() ->
         for name in (*replicas, "prometheus")}
     for name in replicas:
         replica = services[name]
-        assert replica["command"] == ["backend"] and "ports" not in replica
+        assert replica["command"] == ["replica"] and "ports" not in replica
         assert replica["depends_on"] == {"prometheus": {"condition": "service_started",
                                                         "required": True}}
         assert replica["restart"] == "unless-stopped"
@@ -519,14 +525,14 @@ def test_gpu_replicas_layout_reserves_one_gpu_per_replica_and_none_for_the_gatew
     assert len(replicas) >= 2
     gateway = services["gateway"]
     assert "deploy" not in gateway and gateway["command"] == ["serve"]
-    assert gateway["environment"]["GRM_BACKEND_URLS"].split(",") == [
+    assert gateway["environment"]["GRM_REPLICA_URLS"].split(",") == [
         f"http://{name}:8000" for name in replicas]
     assert gateway["depends_on"] == {name: {"condition": "service_started", "required": True}
                                      for name in (*replicas, "prometheus")}
     gpus = []
     for name in replicas:
         replica = services[name]
-        assert replica["command"] == ["backend"] and "ports" not in replica
+        assert replica["command"] == ["replica"] and "ports" not in replica
         assert replica["image"] == gateway["image"]
         (device,) = replica["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]

@@ -66,3 +66,18 @@ def test_headings_get_githubs_anchors() -> None:
 def test_the_readme_is_a_first_screen() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_LINES, f"README.md has {lines} lines: move a topic to docs/"
+
+
+# One name per concept: a replica is a replica, and "key" is the API key's word alone (the route
+# digest, the lookup digest, a group's id). Old names appear only where a page says they are old.
+_OTHER_NAMES = re.compile(
+    r"GRM_BACKEND_|--backend-url|grm-service backend|grm_backend_|entrypoint backend|"
+    r"\b(?:routing|group|cache|lookup|request)[ _-]keys?\b", re.IGNORECASE)
+USER_PAGES = sorted([ROOT / "README.md", ROOT / "ARCHITECTURE.md", *(ROOT / "docs").glob("*.md")])
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: p.name)
+def test_each_concept_has_one_name(page: Path) -> None:
+    found = [line for line in page.read_text(encoding="utf-8").splitlines()
+             if _OTHER_NAMES.search(line) and "old `" not in line]
+    assert found == [], f"{page.name}: say replica, route digest, lookup digest or group id"

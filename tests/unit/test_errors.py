@@ -28,15 +28,16 @@ SDK_ERRORS: dict[int, type[openai.APIStatusError]] = {
     422: openai.UnprocessableEntityError, 429: openai.RateLimitError,
     500: openai.InternalServerError, 502: openai.InternalServerError,
     503: openai.InternalServerError}
-CLASSES = sorted((c for c in vars(errors).values()
-                  if isinstance(c, type) and issubclass(c, GrmError)), key=lambda c: c.__name__)
+# A set: the deprecated names are the same classes under a second name.
+CLASSES = sorted({c for c in vars(errors).values()
+                  if isinstance(c, type) and issubclass(c, GrmError)}, key=lambda c: c.__name__)
 
 
 def instances() -> list[GrmError]:
     """One of each class; an engine's refusal with each status it passes on."""
     made: list[GrmError] = []
     for cls in CLASSES:
-        if cls is errors.BackendRejected:
+        if cls is errors.ReplicaRejected:
             made += [cls("engine: too long", status) for status in (400, 404, 413, 422)]
         elif cls is errors.InvalidFields:
             made.append(cls("messages: List should have at least 1 item", "messages"))
@@ -64,6 +65,15 @@ def test_the_type_is_openais_for_the_status_and_the_code_the_reason(err: GrmErro
                      "param": err.param, "code": type(err).code}
     assert error_body(err) == {"error": error}
     assert error["code"] not in set(OPENAI_TYPES.values())
+
+
+def test_a_replica_is_a_replica_and_the_old_names_are_the_same_classes() -> None:
+    """One name per concept: no code, class or drawn line says "backend"."""
+    assert [c.code for c in CLASSES if "backend" in c.code + c.__name__] == []
+    assert "backend" not in (errors.__doc__ or "").lower()
+    assert errors.ReplicaFailed("x").code == "replica_failed"
+    assert errors.BackendFailed is errors.ReplicaFailed
+    assert errors.BackendRejected is errors.ReplicaRejected
 
 
 def test_the_unknown_model_is_a_404_and_the_type_follows_the_status_alone() -> None:

@@ -84,7 +84,7 @@ def two_gateways(stub: Proc, tmp_path: Path) -> Iterator[tuple[Proc, Proc, Path]
     """Two real gateways on one machine, attached to the STUB replica (the gateway is under
     test), neither given a work dir: the default's run root is in the test's HOME."""
     env = {"HOME": str(tmp_path), "GRM_AUDIT_FRACTION": "0"}
-    procs = [start_gateway(tmp_path, "--backend-url", stub.url, "--served-model-name", "rm",
+    procs = [start_gateway(tmp_path, "--replica-url", stub.url, "--served-model-name", "rm",
                            env=env, work_dir=False) for _ in range(2)]
     try:
         for proc in procs:
@@ -112,7 +112,7 @@ def test_two_live_services_keep_their_own_logs_and_ledgers(
         assert f"ledger {folder / 'ledger.sqlite'}" in proc.tail(200)
     # A third service given the first one's folder on purpose is refused, naming its holder.
     third = subprocess.run(
-        [sys.executable, "-m", "grm_service.cli", "serve", "--backend-url", "http://127.0.0.1:9",
+        [sys.executable, "-m", "grm_service.cli", "serve", "--replica-url", "http://127.0.0.1:9",
          "--work-dir", str(folder_a), "--port", "0"], capture_output=True, text=True,
         timeout=60, check=False, env={**os.environ, "HOME": str(tmp_path), "COLUMNS": "300"})
     assert third.returncode == 2, third.stderr

@@ -8,7 +8,7 @@ middleware chain) and keep the product's own work, in this order:
     -> metrics
 
 `proxy.forward` does the same for every path: the checkpoint (`checkpoint.check_body`, images
-included), routing key and request digest from one canonical serialisation, backpressure
+included), route digest and request digest from one canonical serialisation, backpressure
 (per-replica gate, bounded queue -> 429), breaker, failover, fingerprint, audit. A body of
 `longstrings.LONG` bytes or more (an image) is parsed by `longstrings.loads`, which leaves its
 long strings out of the parse and hands them to `forward` (`Lifted`), so no pass over the image

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from grm_service import jsonload
-from grm_service.errors import BackendRejected, Overloaded, ResponseTooLarge
+from grm_service.errors import Overloaded, ReplicaRejected, ResponseTooLarge
 from grm_service.gateway.request.context import ForwardContext
 from grm_service.replicas.pool import Replica
 
@@ -103,10 +103,10 @@ def _decode(replica: Replica, response: tuple[int, bytes]) -> tuple[dict[str, An
     except ValueError as err:
         if status >= 400:  # a plain-text 4xx (e.g. 404 of a missing route)
             text = content.decode(errors="replace")[:500]
-            raise BackendRejected(f"engine: {text}", status) from None
+            raise ReplicaRejected(f"engine: {text}", status) from None
         raise Retryable("decode", replica.name, "response is not JSON") from err
     if status >= 400:
-        raise BackendRejected(_engine_message(payload), status)
+        raise ReplicaRejected(_engine_message(payload), status)
     if not isinstance(payload, dict):
         raise Retryable("decode", replica.name, "response is not a JSON object")
     return payload, content if strict else b""

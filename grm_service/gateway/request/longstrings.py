@@ -3,7 +3,7 @@
 An image request is one multi-megabyte base64 string and a few small fields. The `json`
 module's C code passes every character of a string through a per-character loop, twice per
 request on the gateway: parsing it (~1 ns a byte) and writing the canonical JSON that the
-routing key and request digest hash (`ensure_ascii=False` re-escaping: ~5 ns a byte, 13 ms for
+route digest and request digest hash (`ensure_ascii=False` re-escaping: ~5 ns a byte, 13 ms for
 a 2.7 MB page scan). Both loops look for the same few characters: a string holding no quote, no
 backslash and no control character parses to its bytes, and its JSON form is those bytes
 between quotes. `loads` and `canonical` prove that with whole-buffer operations (memchr, one

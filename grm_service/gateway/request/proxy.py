@@ -15,7 +15,7 @@ from typing import Any
 
 from grm_service.canonical import canonical_json, canonical_parts
 from grm_service.config import RoutingMode
-from grm_service.errors import BackendFailed, ServiceUnavailable, StreamingUnsupported, UnknownModel
+from grm_service.errors import ReplicaFailed, ServiceUnavailable, StreamingUnsupported, UnknownModel
 from grm_service.fingerprint import Fingerprint, parts_digest, system_fingerprint
 from grm_service.gateway.request import checkpoint, longstrings, router
 from grm_service.gateway.request.alone import must_run_alone, runs_alone
@@ -85,7 +85,7 @@ async def forward(
         fc.refuse_if_draining()
     inline = await check(fc, path, body, lifted)
     seed = fc.request_settings.seeded(path, body)
-    # Once: the routing key and the request digest share it. Inline images are long strings.
+    # Once: the route digest and the request digest share it. Inline images are long strings.
     raw: Body = canonical_parts(body, lifted) if inline else [canonical_json(body)]
     sending = _Sending(path, body, raw, seed, pin, audit, admitted)
     ledger = fc.ledger
@@ -115,17 +115,17 @@ async def _through_cache(fc: ForwardContext, ledger: Ledger, sending: _Sending,
     """A request the ledger's cache may answer: looked up, else computed with identical ones
     waiting for it; recorded either way."""
     path, raw = sending.path, sending.raw
-    sending.digest = parts_digest(raw)  # the cache's key and the fingerprint's: hashed once
+    sending.digest = parts_digest(raw)  # the cache's lookup and the fingerprint's: hashed once
     scope = ledger.scope(origin)
     expected = _expected_id(fc, sending.seed)
     if expected is None:  # no replica's identity known yet: nothing to look it up by
         forwarded = await _send(fc, sending)
         ledger.record(path, raw, origin, forwarded, "", scope)
         return forwarded
-    key = ledger.key_of(path, sending.digest, origin, expected)
-    found = await ledger.look_up(key)
+    lookup = ledger.lookup_of(path, sending.digest, origin, expected)
+    found = await ledger.look_up(lookup)
     if found is None:
-        with ledger.lead(key) as lead:
+        with ledger.lead(lookup) as lead:
             forwarded = await _send(fc, sending)
             lead.done(forwarded)
         ledger.record(path, raw, origin, forwarded, "", scope)
@@ -161,11 +161,11 @@ def _expected_id(fc: ForwardContext, seed: int) -> str | None:
     return None if reference is None else reference.fingerprint_id(seed)
 
 
-def _order(fc: ForwardContext, key: int, pin: str | None) -> list[Replica]:
+def _order(fc: ForwardContext, digest: int, pin: str | None) -> list[Replica]:
     """The replicas to try, best first; refused where none is ready, even looked at again."""
     least_loaded = fc.request_settings.routing is _LEAST_LOADED
-    order = (router.route(fc.pool, key, least_loaded, pin)
-             or router.looked_again(fc.pool, fc.look, key, least_loaded, pin))
+    order = (router.route(fc.pool, digest, least_loaded, pin)
+             or router.looked_again(fc.pool, fc.look, digest, least_loaded, pin))
     if not order:
         raise fc.refused("no_replica", ServiceUnavailable(
             f"no healthy replica ({router.states(fc.pool)}): retry later; GET /ready shows "
@@ -176,7 +176,7 @@ def _order(fc: ForwardContext, key: int, pin: str | None) -> list[Replica]:
 async def _send(fc: ForwardContext, sending: _Sending) -> Forwarded:
     """Along the replicas' order until one answers (`max_attempts` of them at most)."""
     path, body, raw = sending.path, sending.body, sending.raw
-    order = _order(fc, router.key_of_parts(raw), sending.pin)
+    order = _order(fc, router.route_digest_of_parts(raw), sending.pin)
     caps, mode = fc.identity.capabilities, fc.request_settings.serialize
     pooling = path in POOLING_PATHS
     alone = not pooling and must_run_alone(body, caps, mode)
@@ -187,7 +187,7 @@ async def _send(fc: ForwardContext, sending: _Sending) -> Forwarded:
             payload, engine_json = await attempt(fc, replica, path, raw, serialized,
                                                  sending.owed)
         except Retryable as err:
-            fc.metrics.backend_failures.labels(replica=replica.name, reason=err.reason).inc()
+            fc.metrics.replica_failures.labels(replica=replica.name, reason=err.reason).inc()
             log.warning("attempt failed, failing over: %s (%s)", err, err.detail)
             errors.append(str(err))
             _record(fc, replica, ok=False)
@@ -198,7 +198,7 @@ async def _send(fc: ForwardContext, sending: _Sending) -> Forwarded:
         if sending.audit and fc.auditor is not None and fc.auditor.draw():
             _audit(fc, fc.auditor, path, body, replica, forwarded)
         return forwarded
-    raise BackendFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
+    raise ReplicaFailed("every attempt failed: " + "; ".join(errors), retry_after=1)
 
 
 def _audit(fc: ForwardContext, auditor: Auditor, path: str, body: dict[str, Any],

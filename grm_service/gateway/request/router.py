@@ -1,11 +1,12 @@
-"""Request keys and replica choice: pure functions of (key, healthy replicas).
+"""Route digests and replica choice: pure functions of (route digest, healthy replicas).
 
-    route(pool, key, least_loaded, pin)    # the replicas to try, best first ([]: none ready)
+    route(pool, digest, least_loaded, pin)    # the replicas to try, best first ([]: none ready)
 
-The key is crc32 of the canonical request body. Replicas are ranked by rendezvous (highest random
-weight) hashing, so when a replica leaves only the keys it owned move, and when it comes back they
-return to it. crc32 alone is linear over GF(2), which makes `crc32(key + name)` a poor weight; the
-weight is a 64-bit mix of the key and a per-replica salt instead.
+The route digest is crc32 of the canonical request body. Replicas are ranked by rendezvous
+(highest random weight) hashing, so when a replica leaves only the digests it owned move, and
+when it comes back they return to it. crc32 alone is linear over GF(2), which makes
+`crc32(digest + name)` a poor weight; the weight is a 64-bit mix of the digest and a
+per-replica salt instead.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from grm_service.replicas.pool import Replica, ReplicaPool
 _MASK64 = (1 << 64) - 1
 
 
-def key_of(canonical: bytes) -> int:
+def route_digest(canonical: bytes) -> int:
     return crc32(canonical)
 
 
-def key_of_parts(parts: Iterable[bytes | memoryview]) -> int:
-    """`key_of` the concatenation of `parts`, without building it."""
+def route_digest_of_parts(parts: Iterable[bytes | memoryview]) -> int:
+    """`route_digest` the concatenation of `parts`, without building it."""
     crc = 0
     for part in parts:
         crc = crc32(part, crc)
@@ -37,7 +38,7 @@ def key_of_parts(parts: Iterable[bytes | memoryview]) -> int:
 
 
 def request_key(body: Mapping[str, Any]) -> int:
-    return key_of(canonical_json(body))
+    return route_digest(canonical_json(body))
 
 
 def _mix64(x: int) -> int:
@@ -48,8 +49,8 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def weight(key: int, replica: str) -> int:
-    return _mix64((key << 32) ^ _salt(replica))
+def weight(digest: int, replica: str) -> int:
+    return _mix64((digest << 32) ^ _salt(replica))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -57,27 +58,27 @@ def _salt(replica: str) -> int:
     return zlib.crc32(replica.encode())
 
 
-def rendezvous_order(key: int, replicas: Sequence[str]) -> list[str]:
+def rendezvous_order(digest: int, replicas: Sequence[str]) -> list[str]:
     """All replicas, best first; failover walks this list in order."""
-    return sorted(replicas, key=lambda name: (weight(key, name), name), reverse=True)
+    return sorted(replicas, key=lambda name: (weight(digest, name), name), reverse=True)
 
 
-def pick(key: int, replicas: Sequence[str]) -> str | None:
-    order = rendezvous_order(key, replicas)
+def pick(digest: int, replicas: Sequence[str]) -> str | None:
+    order = rendezvous_order(digest, replicas)
     return order[0] if order else None
 
 
 def least_loaded_order(
-    key: int, replicas: Sequence[str], inflight: Callable[[str], int]
+    digest: int, replicas: Sequence[str], inflight: Callable[[str], int]
 ) -> list[str]:
-    """Fewest in-flight first; equal loads are broken by the rendezvous weight of the key."""
-    return sorted(replicas, key=lambda name: (inflight(name), -weight(key, name), name))
+    """Fewest in-flight first; equal loads are broken by the rendezvous weight of the digest."""
+    return sorted(replicas, key=lambda name: (inflight(name), -weight(digest, name), name))
 
 
-def route(pool: ReplicaPool, key: int, least_loaded: bool, pin: str | None = None
+def route(pool: ReplicaPool, digest: int, least_loaded: bool, pin: str | None = None
           ) -> list[Replica]:
-    """The ready replicas in the order a request of `key` tries them (`pin`: the one named,
-    where it is ready); [] where none is."""
+    """The ready replicas in the order a request of route digest `digest` tries them (`pin`:
+    the one named, where it is ready); [] where none is."""
     if pin is not None:
         return _pinned(pool, pin)
     now = time.monotonic()
@@ -85,13 +86,13 @@ def route(pool: ReplicaPool, key: int, least_loaded: bool, pin: str | None = Non
     # With every breaker open, trying a tripped replica beats refusing outright.
     ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
     if least_loaded:
-        names = least_loaded_order(key, list(ready), lambda n: ready[n].gate.inflight)
+        names = least_loaded_order(digest, list(ready), lambda n: ready[n].gate.inflight)
     else:
-        names = rendezvous_order(key, list(ready))
+        names = rendezvous_order(digest, list(ready))
     return [ready[n] for n in names]
 
 
-def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, key: int,
+def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, digest: int,
                  least_loaded: bool, pin: str | None = None) -> list[Replica]:
     """Where `route` found no ready replica: the replica set looked at again (`look`, a
     worker's follower) and routed over; [] where there is still none. A quiet worker's view
@@ -100,7 +101,7 @@ def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, key: int,
     if look is None:
         return []
     look()
-    return route(pool, key, least_loaded, pin)
+    return route(pool, digest, least_loaded, pin)
 
 
 def states(pool: ReplicaPool) -> str:

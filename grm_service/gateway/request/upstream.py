@@ -207,7 +207,7 @@ class Upstream:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Upstream:
-        return cls(settings.request_timeout_s, settings.backend_ack_timeout_s,
+        return cls(settings.request_timeout_s, settings.replica_ack_timeout_s,
                    settings.max_response_bytes, settings.max_connections_per_replica)
 
     async def post(self, base_url: str, path: str, *body: bytes | memoryview) -> Answer:

@@ -57,9 +57,9 @@ def derive_seed(base: int, kind: str, digests: list[str]) -> int:
     return int.from_bytes(raw[:8], "big") & SEED_MASK
 
 
-def group_key(scope: str, scorer: str, options: dict[str, object],
+def group_digest(scope: str, scorer: str, options: dict[str, object],
               sampling: dict[str, object], group_id: str | None) -> str:
-    """The opaque name of a group for holding: the asker's key scope, the scorer, its options
+    """The opaque name of a group for holding: the asker's API key scope, the scorer, its options
     and sampling, and the group id; two askers (or two configurations) never share a group."""
     return json_digest({"scope": scope, "scorer": scorer, "options": options,
                         "sampling": sampling, "group_id": group_id})

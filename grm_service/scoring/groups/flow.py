@@ -23,7 +23,7 @@ from grm_service.errors import InvalidRequest
 from grm_service.fingerprint import json_digest
 from grm_service.scoring.batch import combine, item_digest, with_data_urls
 from grm_service.scoring.context import ItemError, Send
-from grm_service.scoring.groups.canon import candidates, group_key
+from grm_service.scoring.groups.canon import candidates, group_digest
 from grm_service.scoring.groups.scorer import GroupContext, GroupScorer, Outcome, Task
 from grm_service.scoring.groups.seam import Holder, Judge
 from grm_service.scoring.models import (
@@ -183,8 +183,8 @@ async def score_groups(req: ScoreRequest, scorer: GroupScorer, groups: Groups,
         if size == len(members):
             found.update(await judge(members))
         elif groups.holder is not None:
-            key = group_key(groups.scope, req.scorer, req.options, req.sampling, group_id)
-            found.update(await groups.holder.score_held(key, size, members,
+            digest = group_digest(groups.scope, req.scorer, req.options, req.sampling, group_id)
+            found.update(await groups.holder.score_held(digest, size, members,
                                                         owed(judge, groups.owing)))
         else:
             found.update({m.id: error_result(m.id, incomplete(group_id, len(members), size))

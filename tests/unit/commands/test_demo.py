@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grm_service.commands.backend import replica_identity
 from grm_service.commands.demo import SAMPLES, SEED, demo_spec, score_line
+from grm_service.commands.replica import replica_identity
 from grm_service.config import Settings
 from tests.support.cli import command, settings_for
 

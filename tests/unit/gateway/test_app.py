@@ -33,7 +33,7 @@ def test_validation_error_names_the_field_like_openai() -> None:
 
 async def test_the_lifespan_opens_the_held_groups_in_the_work_dir_and_closes_them(
         tmp_path: Path) -> None:
-    service = Service(Settings(backend_urls=["http://127.0.0.1:9"], work_dir=tmp_path,
+    service = Service(Settings(replica_urls=["http://127.0.0.1:9"], work_dir=tmp_path,
                                ledger=False))
     app = create_app(service).app
     async with app.router.lifespan_context(app):
@@ -47,7 +47,7 @@ async def test_the_lifespan_opens_the_held_groups_in_the_work_dir_and_closes_the
 
 
 def test_the_served_dual_encoders_scales_are_read_once_at_start(tmp_path: Path) -> None:
-    attached = Settings(backend_urls=["http://127.0.0.1:9"])
+    attached = Settings(replica_urls=["http://127.0.0.1:9"])
     assert _scales(attached) is None, "no model: the clip scorer says so per item"
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["CLIPModel"]}))
     with pytest.raises(ConfigError, match="convert it to safetensors"):

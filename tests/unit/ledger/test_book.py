@@ -27,7 +27,7 @@ SCORE = Origin(SCORE_ROUTE, "key-a", "run-1", 3)
 def settings(tmp_path: Path, **over: Any) -> Settings:
     fields: dict[str, Any] = {"ledger_url": str(tmp_path / "l.sqlite"), "ledger_bodies": "all",
                               **over}
-    return Settings(backend_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
+    return Settings(replica_urls=["http://127.0.0.1:9"], ledger_flush_interval_s=0.05, **fields)
 
 
 class Engine:
@@ -69,10 +69,10 @@ async def answered(book: Ledger, path: str, raw: list[bytes], request_digest: st
                    origin: Origin, expected: str, compute: Any) -> tuple[Forwarded, str]:
     """The sequence `proxy.forward` calls where the cache may answer: look up, else compute
     while identical requests wait; record either way."""
-    key = book.key_of(path, request_digest, origin, expected)
-    found = await book.look_up(key)
+    lookup = book.lookup_of(path, request_digest, origin, expected)
+    found = await book.look_up(lookup)
     if found is None:
-        with book.lead(key) as lead:
+        with book.lead(lookup) as lead:
             answer = await compute()
             lead.done(answer)
         how = ""

@@ -28,7 +28,7 @@ def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
     """No live audit unless a test asks: its re-run of a sampled hit (1 % by default, drawn at
     random) would reach the STUB beside the requests a test counts there."""
     over.setdefault("audit_fraction", 0.0)
-    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+    return Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                     scorers=SCORERS, **over)
 
 
@@ -221,7 +221,7 @@ async def test_with_the_ledger_off_answers_go_on_and_its_api_says_so(stub: Proc,
 async def test_the_live_audit_recomputes_a_sample_of_hits(stub: Proc, tmp_path: Path) -> None:
     other = start_stub(tmp_path, "--record", "64")
     try:
-        audited = Settings(backend_urls=[stub.url, other.url], served_model_name="rm",
+        audited = Settings(replica_urls=[stub.url, other.url], served_model_name="rm",
                            work_dir=tmp_path, scorers=SCORERS, audit_fraction=1.0,
                            audit_max_per_s=1000)
         async with serving(audited) as (hot, gw), client(hot) as api:

@@ -9,7 +9,7 @@ from grm_service.ledger.batches import MAX_BATCH_RECORDS, unpack
 from grm_service.ledger.location import open_store
 from grm_service.ledger.query import all_records
 from grm_service.ledger.records import Origin, Record
-from grm_service.ledger.store import COLUMNS, Selection, Store, lookup_key, row_values
+from grm_service.ledger.store import COLUMNS, Selection, Store, lookup_digest, row_values
 
 
 def record(n: int, *, run: str | None = "r1", step: int | None = 0, key: str = "key-a",
@@ -206,7 +206,7 @@ def test_only_records_the_cache_may_answer_are_looked_up(store: Store) -> None:
 
 
 def test_a_scoped_lookup_finds_its_keys_records_only(store: Store) -> None:
-    """The cache per key (`lookup_key`'s scope). A record of a ledger written before scopes
+    """The cache per key (`lookup_digest`'s scope). A record of a ledger written before scopes
     (unscoped) is found where the cache is shared and missed, never another key's, per key."""
     chat = "/v1/chat/completions"
     store.write_rows([row_values(record(1, key="key-a"), "key-a")])
@@ -219,6 +219,6 @@ def test_a_scoped_lookup_finds_its_keys_records_only(store: Store) -> None:
     assert store.lookup("grm-1", "req2", chat, "key-b") is None
     # Scopes that share the 64-bit integer are told apart by the record's key id.
     store.query("UPDATE ledger_lookup SET key = ? WHERE key = ?",
-                [lookup_key("grm-1", "req1", chat, "key-b"),
-                 lookup_key("grm-1", "req1", chat, "key-a")])
+                [lookup_digest("grm-1", "req1", chat, "key-b"),
+                 lookup_digest("grm-1", "req1", chat, "key-a")])
     assert store.lookup("grm-1", "req1", chat, "key-b") is None

@@ -70,7 +70,7 @@ def handler(replicas: dict[str, dict[str, Any]]) -> httpx.MockTransport:
 
 
 def keeper_for(replicas: dict[str, dict[str, Any]], **settings: Any) -> Keeper:
-    s = Settings(backend_urls=[f"http://{h}:8000" for h in replicas], served_model_name="rm",
+    s = Settings(replica_urls=[f"http://{h}:8000" for h in replicas], served_model_name="rm",
                  health_interval_s=0.05, **settings)
     client = httpx.AsyncClient(transport=handler(replicas))
     return Keeper(s, Metrics(), attached_sources(s), Admission(s, client), client)

@@ -70,7 +70,7 @@ async def test_each_start_takes_a_fresh_port(tmp_path: Path) -> None:
 
 
 async def test_attached_sources_locate_the_given_addresses() -> None:
-    settings = Settings(backend_urls=["http://a:1/", "http://b:2"])
+    settings = Settings(replica_urls=["http://a:1/", "http://b:2"])
     sources = attached_sources(settings)
     assert [s.name for s in sources] == ["r0", "r1"]
     assert [await s.start() for s in sources] == ["http://a:1", "http://b:2"]

@@ -54,7 +54,7 @@ async def test_a_replica_that_cannot_start_shows_in_the_gateways_metrics(tmp_pat
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    settings = Settings(backend_urls=[url], served_model_name="rm", work_dir=tmp_path,
+    settings = Settings(replica_urls=[url], served_model_name="rm", work_dir=tmp_path,
                         health_interval_s=0.05)
     async with serving(settings, ready=False) as (_, gw):
         async with asyncio.timeout(10):

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from grm_service.errors import (
-    BackendRejected,
+    ReplicaRejected,
     ServiceUnavailable,
 )
 from grm_service.scoring.batch import combine
@@ -67,7 +67,7 @@ async def test_concurrency_is_bounded() -> None:
 
 async def test_engine_refusal_is_an_item_error_but_unavailability_fails_the_batch() -> None:
     async def refuse(path: str, body: dict[str, Any]) -> Reply:
-        raise BackendRejected("engine: prompt too long", 400)
+        raise ReplicaRejected("engine: prompt too long", 400)
 
     answer = await run(request("judge", [{"id": "a", "completion": "x"}]), refuse)
     assert answer.results[0].error == "engine: prompt too long"

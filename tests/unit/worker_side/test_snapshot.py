@@ -72,7 +72,7 @@ async def test_a_follower_sees_what_the_keeper_sees(tmp_path: Path) -> None:
 
 
 def test_a_quiet_worker_looks_less_often(tmp_path: Path) -> None:
-    settings = Settings(backend_urls=["http://a:8000"], served_model_name="rm")
+    settings = Settings(replica_urls=["http://a:8000"], served_model_name="rm")
     quiet = [True]
     follower = Follower(tmp_path / "replicas.json", lambda index: Gate(),
                         ServiceIdentity(settings), quiet=lambda: quiet[0])
@@ -88,7 +88,7 @@ def test_a_worker_looks_again_before_it_refuses_for_want_of_a_ready_replica(
     """A quiet worker's follower looks every 250 ms: a replica that came back may be ready in
     the snapshot (and in the /ready another worker answers) and not yet in this worker's pool.
     Before refusing, the worker looks again; without the look it refuses."""
-    settings = Settings(backend_urls=["http://a:8000", "http://b:8000"],
+    settings = Settings(replica_urls=["http://a:8000", "http://b:8000"],
                         served_model_name="rm")
     path = tmp_path / "replicas.json"
 

@@ -14,7 +14,7 @@ from grm_service.workers.listen import listening_sockets
 
 
 def _settings(workers: int, mode: WorkerSockets, port: int = 0) -> Settings:
-    return Settings(backend_urls=["http://127.0.0.1:9"], host="127.0.0.1", port=port,
+    return Settings(replica_urls=["http://127.0.0.1:9"], host="127.0.0.1", port=port,
                     workers=workers, worker_sockets=mode)
 
 

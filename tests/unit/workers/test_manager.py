@@ -35,7 +35,7 @@ def test_a_taken_port_ends_serve_with_the_fatal_code_and_starts_nothing(
         other.bind(("127.0.0.1", 0))
         other.listen(8)
         port = other.getsockname()[1]
-        settings = Settings(backend_urls=["http://127.0.0.1:9"], host="127.0.0.1", port=port,
+        settings = Settings(replica_urls=["http://127.0.0.1:9"], host="127.0.0.1", port=port,
                             workers=2)
         with caplog.at_level(logging.ERROR):
             assert run_workers(settings, "info") == FATAL_EXIT

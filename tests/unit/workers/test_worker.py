@@ -60,7 +60,7 @@ def ended(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> int:
 def test_a_worker_serves_on_the_socket_it_was_given(
     stub: Proc, tmp_path: Path, listening: socket.socket
 ) -> None:
-    settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
+    settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
     log, keeper_log = tmp_path / "worker.log", tmp_path / "keeper.log"
     keeper = launch(settings, tmp_path / "run", None, os.getpid(), keeper_log)
     proc = launch(settings, tmp_path / "run", listening, os.getpid(), log)
@@ -91,7 +91,7 @@ def test_a_worker_whose_parent_is_already_gone_exits(tmp_path: Path,
                                                       listening: socket.socket) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    settings = Settings(backend_urls=["http://127.0.0.1:9"], work_dir=tmp_path)
+    settings = Settings(replica_urls=["http://127.0.0.1:9"], work_dir=tmp_path)
     proc = launch(settings, tmp_path / "run", listening, gone.pid, tmp_path / "w.log")
     assert ended(proc) == 1
     assert (tmp_path / "w.log").read_text() == "", "it ended before serving anything"
@@ -101,7 +101,7 @@ def test_a_worker_that_cannot_start_says_so_in_its_exit_code(
     tmp_path: Path, listening: socket.socket
 ) -> None:
     nobody = "http://127.0.0.1:9"
-    settings = Settings(backend_urls=[nobody], work_dir=tmp_path,
+    settings = Settings(replica_urls=[nobody], work_dir=tmp_path,
                         scorers=["x=tests.support.scoring:missing"])
     log = tmp_path / "worker.log"
     proc = launch(settings, tmp_path / "run", listening, os.getpid(), log)

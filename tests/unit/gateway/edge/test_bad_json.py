@@ -68,7 +68,7 @@ ROUTES = ["/v1/chat/completions", "/classify", "/v1/score", "/openrlhf/reward"]
 
 async def test_every_door_refuses_bad_json_with_the_same_bytes(stub: Proc,
                                                                tmp_path: Path) -> None:
-    settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
+    settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
     headers = {"content-type": "application/json"}
     async with serving(settings) as (hot, _), client(hot.app) as routes, client(hot) as asgi:
         await received(stub.url)  # the canary's probes

@@ -1,6 +1,6 @@
 """The hot path's own parsing and validation give the bytes FastAPI + pydantic gave, or step aside.
 
-The request digest, the routing key and the forwarded body are all the canonical JSON of the
+The request digest, the route digest and the forwarded body are all the canonical JSON of the
 validated body, so "the same" here means the same canonical bytes, not Python equality (1 == 1.0
 in Python, but `"temperature":1` and `"temperature":1.0` are different requests).
 """

@@ -28,7 +28,7 @@ def settings(stub: Proc, tmp_path: Path, presets: str = PRESETS, **over: Any) ->
     path = tmp_path / "presets.yaml"
     path.write_text(presets)
     load.cache_clear()
-    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+    return Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                     scorer_presets=path, **over)
 
 

@@ -12,7 +12,7 @@ from tests.support.procs import Proc, free_port
 
 async def test_a_served_replica_is_ready_and_named_in_the_identity(stub: Proc,
                                                                    tmp_path: Path) -> None:
-    settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
+    settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
     async with serving(settings) as (hot, gw), client(hot.app) as api:
         health, ready = await api.get("/health"), await api.get("/ready")
         identity = (await api.get("/v1/fingerprint")).json()
@@ -44,7 +44,7 @@ async def test_a_served_replica_is_ready_and_named_in_the_identity(stub: Proc,
 
 async def test_without_a_replica_ready_is_503_and_the_identity_pending(tmp_path: Path) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    settings = Settings(backend_urls=[nobody], work_dir=tmp_path, api_keys=["k1"])
+    settings = Settings(replica_urls=[nobody], work_dir=tmp_path, api_keys=["k1"])
     async with serving(settings, ready=False) as (hot, _), client(hot.app) as anyone, \
             client(hot.app, authorization="Bearer k1") as operator:
         outside, inside = await anyone.get("/ready"), await operator.get("/ready")

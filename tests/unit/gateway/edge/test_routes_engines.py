@@ -20,7 +20,7 @@ def closed_port() -> int:
 
 
 async def test_targets_list_every_replica_behind_the_relay(stub: Proc, tmp_path: Path) -> None:
-    settings = Settings(backend_urls=[stub.url, f"http://127.0.0.1:{closed_port()}"],
+    settings = Settings(replica_urls=[stub.url, f"http://127.0.0.1:{closed_port()}"],
                         served_model_name="rm", work_dir=tmp_path)
     async with serving(settings, ready=False) as (hot, gw), client(hot.app) as api:
         async with asyncio.timeout(10):  # r0 admitted; r1 never answers
@@ -44,7 +44,7 @@ async def test_targets_list_every_replica_behind_the_relay(stub: Proc, tmp_path:
 async def test_the_relay_is_open_like_metrics_and_keyed_with_metrics_auth(
         stub: Proc, tmp_path: Path) -> None:
     for metrics_auth, status in ((False, 200), (True, 401)):
-        settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+        settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                             api_keys=["k"], metrics_auth=metrics_auth)
         async with serving(settings) as (hot, _), client(hot.app) as api:
             for path in ("/metrics", "/metrics/targets", "/metrics/engine?replica=r0"):

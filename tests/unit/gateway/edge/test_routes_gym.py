@@ -19,7 +19,7 @@ SCORERS = ["trainer=tests.support.scoring:trainer_score",
 
 
 def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
-    return Settings(**{"backend_urls": [stub.url], "served_model_name": "rm", "seed": 11,
+    return Settings(**{"replica_urls": [stub.url], "served_model_name": "rm", "seed": 11,
                        "max_tokens_default": 77, "work_dir": tmp_path, "scorers": SCORERS,
                        "verify_scorer": "trainer", **over})
 

@@ -18,7 +18,7 @@ PROMPT = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
 
 
 async def test_rewards_in_order_and_failed_items_flagged(stub: Proc, tmp_path: Path) -> None:
-    settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+    settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                         scorers=SCORERS)
     body = {"query": [PROMPT + "4<|im_end|>", PROMPT + "5<|im_end|>"],
             "prompts": [PROMPT, PROMPT], "labels": ["4", "4"]}

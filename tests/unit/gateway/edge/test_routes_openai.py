@@ -17,7 +17,7 @@ MSGS = [{"role": "user", "content": "hello"}]
 
 
 def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
-    return Settings(backend_urls=[stub.url], served_model_name="rm", seed=11,
+    return Settings(replica_urls=[stub.url], served_model_name="rm", seed=11,
                     max_tokens_default=77, work_dir=tmp_path, **over)
 
 
@@ -84,7 +84,7 @@ async def test_refusals_are_openai_error_objects(stub: Proc, tmp_path: Path) -> 
 
 
 async def test_a_pin_sends_the_request_to_that_replica(stub: Proc, tmp_path: Path) -> None:
-    two = settings(stub, tmp_path).model_copy(update={"backend_urls": [stub.url, stub.url]})
+    two = settings(stub, tmp_path).model_copy(update={"replica_urls": [stub.url, stub.url]})
     async with serving(two) as (hot, _), client(hot.app) as api:
         answers = [await api.post("/v1/chat/completions", json={"messages": MSGS},
                                   headers={"x-grm-pin-replica": name}) for name in ("r0", "r1")]

@@ -18,7 +18,7 @@ SCORERS = ["rule=tests.support.scoring:rule_score", "length=tests.support.scorin
 
 
 def settings(stub: Proc, tmp_path: Path, **over: Any) -> Settings:
-    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+    return Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                     scorers=SCORERS, **over)
 
 

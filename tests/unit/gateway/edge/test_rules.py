@@ -112,7 +112,7 @@ def test_a_schema_the_rules_cannot_mirror_fails_when_they_are_built(
 ], ids=["empty", "top_p", "max_tokens", "seed", "stream", "list", "no-messages"])
 async def test_a_refusal_on_the_hot_path_is_the_routes_answer(stub: Proc, tmp_path: Path,
                                                               body: Any) -> None:
-    settings = Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
+    settings = Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path)
     async with serving(settings) as (hot, _), client(hot.app) as route, client(hot) as fast:
         slow = await route.post("/v1/chat/completions", json=body)
         quick = await fast.post("/v1/chat/completions", json=body)

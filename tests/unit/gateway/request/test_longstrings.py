@@ -1,5 +1,5 @@
 """`longstrings.loads` and `canonical.canonical_parts` give exactly what `json` gives: the same
-Python values from `loads`, the same bytes from `canonical` (hence the same routing key and
+Python values from `loads`, the same bytes from `canonical` (hence the same route digest and
 request digest), for every body.
 
 The reference for `canonical` is the definition of the canonical form, `json.dumps(body,
@@ -371,7 +371,7 @@ def test_key_and_digest_of_parts_are_those_of_the_bytes(data: bytes, cuts: list[
     view = memoryview(data)
     spans = enumerate(itertools.pairwise(bounds))
     parts = [view[a:b] if i % 2 else data[a:b] for i, (a, b) in spans]
-    assert router.key_of_parts(parts) == router.key_of(data)
+    assert router.route_digest_of_parts(parts) == router.route_digest(data)
     assert fingerprint.parts_digest(parts) == fingerprint.digest(data)
 
 

@@ -18,7 +18,7 @@ MSGS = [{"role": "user", "content": "the seed"}]
 
 
 def settings(stub: Proc, tmp_path: Path) -> Settings:
-    return Settings(backend_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
+    return Settings(replica_urls=[stub.url], served_model_name="rm", work_dir=tmp_path,
                     seed=SEED, audit_fraction=0.0, ledger=False)
 
 

@@ -5,7 +5,7 @@ from grm_service.scoring.groups.canon import (
     candidates,
     content_digest,
     derive_seed,
-    group_key,
+    group_digest,
 )
 from grm_service.scoring.models import ScoreItem
 
@@ -39,11 +39,11 @@ def test_seeds_derive_from_the_base_seed_and_the_ordered_digests() -> None:
 
 
 def test_a_group_key_names_the_asker_scorer_options_sampling_and_group() -> None:
-    base = group_key("k1", "pairwise", {"strategy": "circular"}, {}, "g")
-    assert base == group_key("k1", "pairwise", {"strategy": "circular"}, {}, "g")
-    others = [group_key("k2", "pairwise", {"strategy": "circular"}, {}, "g"),
-              group_key("k1", "listwise", {"strategy": "circular"}, {}, "g"),
-              group_key("k1", "pairwise", {"strategy": "all_pairs"}, {}, "g"),
-              group_key("k1", "pairwise", {"strategy": "circular"}, {"seed": 1}, "g"),
-              group_key("k1", "pairwise", {"strategy": "circular"}, {}, "h")]
+    base = group_digest("k1", "pairwise", {"strategy": "circular"}, {}, "g")
+    assert base == group_digest("k1", "pairwise", {"strategy": "circular"}, {}, "g")
+    others = [group_digest("k2", "pairwise", {"strategy": "circular"}, {}, "g"),
+              group_digest("k1", "listwise", {"strategy": "circular"}, {}, "g"),
+              group_digest("k1", "pairwise", {"strategy": "all_pairs"}, {}, "g"),
+              group_digest("k1", "pairwise", {"strategy": "circular"}, {"seed": 1}, "g"),
+              group_digest("k1", "pairwise", {"strategy": "circular"}, {}, "h")]
     assert base not in others and len(set(others)) == len(others)

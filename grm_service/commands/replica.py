@@ -1,9 +1,9 @@
-"""`grm-service backend`: run ONE engine replica in the foreground, for one container per GPU.
+"""`grm-service replica`: run ONE engine replica in the foreground, for one container per GPU.
 
 The replica is started from the same recipe as every other (the engine profile's argv, env and
 folders, identity middleware included), and then this process *becomes* the engine (exec), so a
 container's PID 1 chain is the engine itself: signals reach it directly and its exit is the
-container's exit. A gateway in attach mode (`grm-service serve --backend-url ...`) reads the
+container's exit. A gateway in attach mode (`grm-service serve --replica-url ...`) reads the
 identity the replica computes itself and runs the canary before routing to it.
 """
 
@@ -34,7 +34,7 @@ def replica_identity(settings: Settings) -> ReplicaIdentity:
     return compute_identity(command.argv, command.env, settings.cache_dir)
 
 
-def backend_command(settings: Settings, base_env: dict[str, str]) -> ChildCommand:
+def replica_command(settings: Settings, base_env: dict[str, str]) -> ChildCommand:
     """The replica's recipe, bound to the container's own interface (`--host`)."""
     engine = select_engine(settings)
     spec = replica_spec(settings, engine)
@@ -45,8 +45,8 @@ def backend_command(settings: Settings, base_env: dict[str, str]) -> ChildComman
     return command
 
 
-def exec_backend(settings: Settings) -> NoReturn:
-    command = backend_command(settings, dict(os.environ))
+def exec_replica(settings: Settings) -> NoReturn:
+    command = replica_command(settings, dict(os.environ))
     log.info("exec replica on %s:%d: %s", settings.host, settings.port, " ".join(command.argv))
     logging.shutdown()  # exec discards this process's buffers
     os.execve(command.argv[0], command.argv, command.env)

@@ -1,4 +1,4 @@
-"""`grm-service backend`: one replica with exactly the engine profile's recipe."""
+"""`grm-service replica`: one replica with exactly the engine profile's recipe."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grm_service.commands.backend import backend_command, replica_spec
+from grm_service.commands.replica import replica_command, replica_spec
 from grm_service.config import Settings
 from grm_service.engine_side.identity import MIDDLEWARE
 from grm_service.engines import select_engine
@@ -23,12 +23,12 @@ def _no_temp_dir_left(tmp_path: Path) -> Iterator[None]:
     shutil.rmtree(replica_spec(settings, select_engine(settings)).tmp_dir, ignore_errors=True)
 
 
-def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> None:
+def test_a_replica_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> None:
     settings = Settings(model="/models/rm", engine="vllm-cpu", seed=7, host="0.0.0.0", port=9100,
                         served_model_name="rm", work_dir=tmp_path, cache_dir=tmp_path / "cache",
                         engine_args=["--enforce-eager"],
                         engine_env={"EXTRA": "1"})
-    command = backend_command(settings, {"PATH": "/bin", "PYTHONHASHSEED": "0"})
+    command = replica_command(settings, {"PATH": "/bin", "PYTHONHASHSEED": "0"})
     argv, env = command.argv, command.env
     assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == "0.0.0.0"
     assert argv[argv.index("--port") + 1] == "9100"
@@ -45,14 +45,14 @@ def test_backend_uses_the_profile_recipe_and_binds_its_host(tmp_path: Path) -> N
     assert all(folder.is_dir() for folder in command.dirs)
 
 
-def test_a_backend_sweeps_the_temp_dir_an_earlier_backend_left(tmp_path: Path) -> None:
-    """A backend becomes the engine (exec): nothing of it is left to remove its temp dir, so
-    the next backend on the same work dir does, once that process is gone."""
+def test_a_replica_sweeps_the_temp_dir_an_earlier_replica_left(tmp_path: Path) -> None:
+    """A replica becomes the engine (exec): nothing of it is left to remove its temp dir, so
+    the next replica on the same work dir does, once that process is gone."""
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
     mine = replica_spec(settings, select_engine(settings)).tmp_dir
     left = mine.with_name(f"{mine.name.rsplit('-', 2)[0]}-{gone_pid()}-r0")
     (left / "sockets").mkdir(parents=True)
-    command = backend_command(settings, {})
+    command = replica_command(settings, {})
     assert not left.exists()
     assert Path(command.env["TMPDIR"]) == mine and mine.is_dir()
 
@@ -61,16 +61,16 @@ def test_a_gateway_workers_metrics_folder_does_not_reach_the_engine(tmp_path: Pa
     """`serve --workers N` gives its workers PROMETHEUS_MULTIPROC_DIR; the replicas they start
     must not write their metrics into the gateway's /metrics."""
     settings = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path)
-    command = backend_command(settings, {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": "/run/x"})
+    command = replica_command(settings, {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": "/run/x"})
     assert "PROMETHEUS_MULTIPROC_DIR" not in command.env and command.env["PATH"] == "/bin"
 
 
 def test_an_operator_chosen_core_binding_wins_over_the_default_spread(tmp_path: Path) -> None:
-    """Each `backend` is replica 0 of one: without a binding of its own, every one would take
+    """Each `replica` is replica 0 of one: without a binding of its own, every one would take
     core 0."""
-    default = backend_command(Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path),
+    default = replica_command(Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path),
                               {})
     assert default.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     chosen = Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path,
                       engine_env={"VLLM_CPU_OMP_THREADS_BIND": "1"})
-    assert backend_command(chosen, {}).env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert replica_command(chosen, {}).env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
