@@ -47,8 +47,11 @@ def check_entrypoint(binary: str, image: str) -> None:
     assert "set GRM_MODEL" in bare.stderr, bare.stderr
     helped = docker(binary, "run", "--rm", "-e", "GRM_MODEL=/models/x", image, "serve", "--help")
     assert helped.returncode == 0 and "Usage" in helped.stdout, helped.stdout + helped.stderr
-    backend = docker(binary, "run", "--rm", image, "backend")
-    assert backend.returncode == 64 and "backend replica" in backend.stderr, backend.stderr
+    # The replica verb, and `backend`, its old name, which still reaches the same check.
+    for verb in ("replica", "backend"):
+        bare_replica = docker(binary, "run", "--rm", image, verb)
+        assert bare_replica.returncode == 64, (verb, bare_replica.returncode, bare_replica.stderr)
+        assert "for the replica" in bare_replica.stderr, (verb, bare_replica.stderr)
 
 
 def check_plugin(binary: str, image: str) -> None:
