@@ -43,6 +43,9 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.engine
 log = logging.getLogger(__name__)
 
+# The gateway's bounded stop (drain, each replica's grace and slack, then Ray's own shutdown)
+# can pass the default minute on a loaded machine, and a SIGKILLed gateway records no coverage.
+STOP_TIMEOUT_S = 180
 PROMPTS = ["Name a colour.", "Count to five.", "Say something about rivers."]
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 16, "logprobs": True}
 
@@ -214,9 +217,7 @@ def ray_run(tmp: Path, two_nodes: TwoNodes) -> Iterator[RayRun]:
             "--ray-address", two_nodes.address, "--ray-placement", "spread",
             *RECIPES["text"].flags()]
     env = {**two_nodes.env, "GRM_HEALTH_INTERVAL_S": "1"}
-    # Its bounded stop (drain, each replica's grace and slack, then Ray's own shutdown) can pass
-    # the default minute on a loaded machine, and a SIGKILLed gateway records no coverage.
-    with running_gateway(tmp, *args, env=env, timeout=600, stop_timeout=180) as gw:
+    with running_gateway(tmp, *args, env=env, timeout=600, stop_timeout=STOP_TIMEOUT_S) as gw:
         yield RayRun(gw, two_nodes, ask(gw), replicas_ready(gw))
 
 
@@ -265,9 +266,13 @@ def test_node_loss_failover_and_replacement(ray_run: RayRun) -> None:
 
 
 def test_gateway_shutdown_stops_the_ray_replicas(ray_run: RayRun) -> None:
-    """Last here: it stops the module's gateway."""
+    """Last here: it stops the module's gateway, which must exit by itself. A gateway that is
+    SIGKILLed at stop leaves its replicas to Ray, and records no coverage."""
     pids = [r["pid"] for r in replicas_ready(ray_run.gw).values()]
-    ray_run.gw.stop()
+    started = time.monotonic()
+    code = ray_run.gw.stop(timeout=STOP_TIMEOUT_S)
+    took = time.monotonic() - started
+    assert code == 0, f"the gateway exited {code} after {took:.0f} s:\n{ray_run.gw.tail()}"
     deadline = time.monotonic() + 30
     while pids_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
