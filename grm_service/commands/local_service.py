@@ -22,7 +22,14 @@ from typing import Any
 
 import httpx
 
+from grm_service import config_parsers
+
 log = logging.getLogger(__name__)
+
+
+class ServiceStartFailed(RuntimeError):
+    """The command's own service exited or was not ready in time; the message ends with its
+    log's last lines."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,19 @@ class ServeSpec:
         return [sys.executable, "-m", "grm_service.cli", "serve", *self.flags(),
                 "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(self.work_dir),
                 "--", *self.engine_args]
+
+    def api_key(self) -> str | None:
+        """A key the child accepts, where its environment sets any (`GRM_API_KEYS`,
+        `GRM_API_KEYS_FILE`): the command's own requests, readiness included, send it."""
+        env = {**os.environ, **self.env}
+        given = config_parsers.split_csv(env.get("GRM_API_KEYS", ""))
+        file = env.get("GRM_API_KEYS_FILE")
+        try:
+            keys = config_parsers.api_keys(given if isinstance(given, list) else [],
+                                           Path(file) if file else None)
+        except OSError:
+            return None  # the child refuses to start, and says why
+        return keys[0] if keys else None
 
     def command_line(self, port: int = 8000) -> str:
         """The `grm-service serve` that runs this service by hand, in a work dir of its own."""
@@ -84,32 +104,36 @@ def describe(replicas: list[dict[str, Any]] | None) -> str:
     return f"replicas ready: {ready}/{len(replicas)} ({states})"
 
 
-def _replicas(http: httpx.Client, url: str) -> list[dict[str, Any]] | None:
-    """The replicas /ready lists, None while the gateway does not answer."""
+def _replicas(http: httpx.Client, url: str, api_key: str | None = None
+              ) -> list[dict[str, Any]] | None:
+    """The replicas /ready lists (to a keyed service's asker only), None while the gateway
+    does not answer."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
-        replicas = http.get(url + "/ready", timeout=5).json()["replicas"]
+        replicas = http.get(url + "/ready", headers=headers, timeout=5).json()["replicas"]
         return [r for r in replicas if isinstance(r, dict)]
     return None
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float,
                report: Report | None = None, http: httpx.Client | None = None,
-               interval_s: float = 1.0) -> None:
+               interval_s: float = 1.0, api_key: str | None = None) -> None:
     """Until every replica is ready; `report` is told where the start is at each look."""
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         client = http if http is not None else stack.enter_context(httpx.Client())
         while time.monotonic() - started < timeout:
             if proc.poll() is not None:
-                raise RuntimeError(f"service exited with {proc.returncode}:\n{_tail(log_path)}")
+                raise ServiceStartFailed(
+                    f"service exited with {proc.returncode}:\n{_tail(log_path)}")
             # /ready is 200 with one replica up; a run wants every replica serving.
-            replicas = _replicas(client, url)
+            replicas = _replicas(client, url, api_key)
             if replicas and all(r.get("state") == "ready" for r in replicas):
                 return
             if report is not None:
                 report(describe(replicas), time.monotonic() - started)
             time.sleep(interval_s)
-    raise RuntimeError(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")
+    raise ServiceStartFailed(f"service not ready after {timeout:.0f} s:\n{_tail(log_path)}")
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 90.0) -> None:
@@ -139,7 +163,7 @@ def local_service(spec: ServeSpec, timeout: float = 900.0,
     url = f"http://127.0.0.1:{port}"
     log.info("started service pid %d on %s (log %s)", proc.pid, url, log_path)
     try:
-        wait_ready(url, proc, log_path, timeout, report)
+        wait_ready(url, proc, log_path, timeout, report, api_key=spec.api_key())
         yield url
     finally:
         stop(proc)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
 from grm_service.client import AsyncGrmClient, GrmClientError
-from grm_service.commands.local_service import ServeSpec, local_service
+from grm_service.commands.local_service import ServeSpec, ServiceStartFailed, local_service
 from grm_service.commands.manifest import (
     Entry,
     ManifestError,
@@ -239,8 +239,14 @@ def score_command(
     with tempfile.TemporaryDirectory(prefix="grm-score-") as work:
         spec = serve_spec(Path(work), str(model), replicas, engine, dtype, max_model_len,
                           _engine_words(engine_args))
-        with served(spec) as started:
-            code = execute(started, entries, job, output, fmt, resume, allow_errors)
+        # The service's own key, where its environment sets keys and --api-key gives none.
+        job = dataclasses.replace(job, api_key=job.api_key or spec.api_key())
+        try:
+            with served(spec) as started:
+                code = execute(started, entries, job, output, fmt, resume, allow_errors)
+        except ServiceStartFailed as err:
+            console.print(f"--serve: the service did not start: {err}", markup=False)
+            code = 1
     raise typer.Exit(code)
 
 

@@ -13,6 +13,7 @@ signal: it gets SIGTERM the moment its reaper dies, and shuts its own engine pro
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -70,5 +71,17 @@ def main(argv: list[str]) -> int:
     return _watch(lifeline, child)
 
 
+def end_as(code: int) -> int:
+    """The exit status that tells the supervisor how the engine ended. An engine killed by a
+    signal (-N from `wait`) kills the reaper with the same signal, so the supervisor reads -N,
+    as it would from the engine itself: `sys.exit(-9)` would say 247."""
+    if code < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor need be
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal whose default is not to end a process: the shell's form
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(end_as(main(sys.argv[1:])))

@@ -1,19 +1,29 @@
 """`grm-service demo` prints the `serve` and `score` commands that reproduce it by hand: the same
 fingerprint id, the same requests. Checked through the CLI's own parser and the identity function
-replicas run on themselves; nothing is started."""
+replicas run on themselves. The demo itself runs on a STUB replica: no model is built, no engine
+started."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import shlex
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from grm_service.commands.demo import SAMPLES, SEED, demo_spec, score_line
+from grm_service.commands import demo
+from grm_service.commands.demo import PORT, SAMPLES, SEED, demo_spec, score_line, table
+from grm_service.commands.manifest import load_entries
 from grm_service.commands.replica import replica_identity
 from grm_service.config import Settings
+from grm_service.wire import ItemResult
 from tests.support.cli import command, settings_for
+from tests.support.procs import Proc, received
 
 
 @pytest.fixture
@@ -86,3 +96,71 @@ def test_the_readme_serves_the_demo_model_as_the_demo_prints_it() -> None:
     # shlex quotes `~`; the README leaves it to the shell to expand.
     line = demo_spec(model, 2, Path("work")).command_line().replace(f"'{model}'", str(model))
     assert f"\n.venv/bin/{line}\n" in readme
+
+
+def rows(printed: str) -> list[list[str]]:
+    """The body rows of the table rich drew (its header's bars are heavy, its rows' light)."""
+    return [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in printed.splitlines() if line.startswith("│")]
+
+
+def test_an_item_that_failed_shows_why_and_no_fingerprint() -> None:
+    failed = ItemResult(id="a", score=None, status="error", error="replica timed out",
+                        digest="d")
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(table([failed], {"a": "HELLO"}))
+    printed = console.export_text()
+    assert rows(printed) == [["a", "HELLO", "'replica timed out'", "error", "", ""]]
+    assert "fingerprint id: none" in printed
+
+
+@pytest.fixture
+def demo_on_stub(model: Path, stub: Proc, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The demo with nothing built and no engine: its tiny model is the test's folder and its
+    service attaches to the STUB replica (GRM_* in the shell reach it, as a user's would). It
+    yields the folder the demo's temporary work dir goes in."""
+    def built(kind: str) -> Path:
+        assert kind == "vlm"
+        return model
+
+    monkeypatch.setattr(demo, "ensure_tiny_model", built)
+    monkeypatch.setenv("GRM_REPLICA_URLS", stub.url)
+    monkeypatch.setenv("GRM_SERVED_MODEL_NAME", "rm")  # the STUB's
+    # A repeated item is answered from the ledger otherwise: each round must reach the replica
+    # to be counted there.
+    monkeypatch.setenv("GRM_LEDGER_CACHE_SCORE", "false")
+    monkeypatch.setenv("COLUMNS", "250")  # a table row on one line
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    received([stub], clear=True)
+    yield temp
+
+
+def test_the_demo_scores_the_samples_and_prints_how_to_do_it_by_hand(
+        demo_on_stub: Path, model: Path, stub: Proc, capsys: pytest.CaptureFixture[str]) -> None:
+    entries = load_entries([str(SAMPLES)])
+    demo.demo_command(replicas=1, max_tokens=8, repeat=2)
+    printed = capsys.readouterr().out
+    table_rows = rows(printed)
+    assert [(row[0], row[1]) for row in table_rows] == [(e.id, e.reference) for e in entries]
+    for _, _, transcript, score, digest, replica in table_rows:
+        # The replica's answers (the STUB's text), scored and fingerprinted.
+        assert transcript.startswith("'stub-") and 0 <= float(score) <= 1
+        assert re.fullmatch(r"[0-9a-f]{12}", digest) and replica == "r0"
+    assert re.search(r"fingerprint id: grm-\S+", printed)
+    assert f"{2 * len(entries)} images in " in printed
+    assert "(1 CPU replicas, max_tokens 8)" in printed
+    # The commands printed are those of the spec the demo's service ran from.
+    lines = printed.splitlines()
+    assert f"The demo's model: {model}" in lines
+    assert demo_spec(model, 1, Path("work")).command_line(PORT) in lines
+    assert score_line({"max_tokens": 8}) in lines
+    # What reached the replica: the samples, once a round, with the demo's sampling.
+    bodies = [json.dumps(r["body"], sort_keys=True) for r in received([stub])]
+    sent = [body for body in bodies if "image_url" in body]
+    assert len(sent) == 2 * len(entries) and len(set(sent)) == len(entries)
+    assert {json.loads(body)["max_tokens"] for body in sent} == {8}
+    # Its temporary work dir is gone with its service.
+    assert list(demo_on_stub.iterdir()) == []
