@@ -37,6 +37,22 @@ _ASK_TIMEOUT_S = 5.0
 RemoteReplica = ray.remote(ReplicaProcess)
 
 
+def _no_failure_signal_handler() -> None:
+    """Keep Ray's C++ failure-signal handler out of the gateway's process. As a driver, Ray
+    (>= 2.5) installs it for SIGTERM too, and a driver stopped by SIGTERM may then end in SIGABRT
+    after its own orderly stop (ray-project/ray#37288): seen here as a gateway that drained,
+    stopped its replicas, logged "Finished server process" and exited -6. The switch is the
+    module constant `_raylet` reads when the driver's core worker starts (the env var
+    RAY_DISABLE_FAILURE_SIGNAL_HANDLER is read once, at import); ray is pinned (pyproject), and
+    a release without the constant is logged, not fatal."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is None or not hasattr(constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"):
+        log.warning("ray %s has no RAY_DISABLE_FAILURE_SIGNAL_HANDLER: a SIGTERM may end the "
+                    "gateway in SIGABRT after its stop", ray.__version__)
+        return
+    constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
 def bundle(engine: Engine) -> dict[str, float]:
     """One replica's resources: a core for its API server, its tensor-parallel GPUs on GPU."""
     gpus = engine.tensor_parallel_size() if engine.name == "vllm" else 0
@@ -61,6 +77,7 @@ class RayCluster:
     async def _place(self) -> PlacementGroup:
         s = self.settings
         if not ray.is_initialized():
+            _no_failure_signal_handler()
             await asyncio.to_thread(ray.init, address=s.ray_address or None,
                                     include_dashboard=False, log_to_driver=False)
         group: PlacementGroup = placement_group([bundle(self.engine)] * s.replicas,
