@@ -270,8 +270,10 @@ def test_gateway_shutdown_stops_the_ray_replicas(ray_run: RayRun) -> None:
     pids = [r["pid"] for r in replicas_ready(ray_run.gw).values()]
     started = time.monotonic()
     code = ray_run.gw.stop(timeout=STOP_TIMEOUT_S)
-    # Not asserted: a CI run measured none of this module's gateway, whose stop had taken
-    # under 12 s, and the cause is not known; its exit status is kept in the test's log.
+    # Logged, not yet asserted: a suite run saw this gateway drain, stop its replicas and exit
+    # -6 (SIGABRT, ray-project/ray#37288), and lose its coverage with it. The launcher now keeps
+    # Ray's failure-signal handler out of the gateway; until suite runs under CI's load prove
+    # that, a -6 here is a line in the test's log, not a red run.
     log.warning("the Ray gateway exited %s after %.1f s", code, time.monotonic() - started)
     deadline = time.monotonic() + 30
     while pids_alive(pids) and time.monotonic() < deadline:
