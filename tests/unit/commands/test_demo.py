@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import typer
 from rich.console import Console
 
 from grm_service.commands import demo
@@ -164,3 +165,15 @@ def test_the_demo_scores_the_samples_and_prints_how_to_do_it_by_hand(
     assert {json.loads(body)["max_tokens"] for body in sent} == {8}
     # Its temporary work dir is gone with its service.
     assert list(demo_on_stub.iterdir()) == []
+
+
+def test_a_demo_whose_service_cannot_start_says_why_without_a_traceback(
+        demo_on_stub: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GRM_MAX_QUEUE", "-5")  # the child `serve` refuses its settings
+    with pytest.raises(typer.Exit) as ended:
+        demo.demo_command(replicas=1, max_tokens=8, repeat=1)
+    assert ended.value.exit_code == 1
+    printed = capsys.readouterr().out
+    assert "the demo's service did not start: service exited with" in printed
+    assert "max_queue" in printed.lower().replace("-", "_")
