@@ -39,9 +39,18 @@ _EMBED = "/v1/embeddings"
 _NOT_POOLING = (400, 404, 405, 501)
 
 
+# Common words, each one token in CLIP's and SigLIP's vocabularies. Every probe must fit the
+# shortest context a pooling model has (SigLIP's 64 tokens, CLIP's 77): an engine refuses a longer
+# one with a 400, and a replica whose probe is refused is never admitted.
+_WORDS = ("a", "red", "cat", "sat", "on", "the", "blue", "mat", "by", "an", "old", "green",
+          "door", "while", "two", "small", "dogs", "ran", "in", "the", "park", "under", "a",
+          "warm", "sun", "and", "one", "bird", "sang")
+
+
 def _texts(n: int, tag: str) -> list[str]:
-    """Distinct texts of different lengths, so the co-batched run mixes shapes."""
-    return [f"{tag} {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(5 + 23 * i))
+    """Distinct texts of 3 to 24 words, so the co-batched run mixes shapes."""
+    return [f"{tag} {i}: " + " ".join(_WORDS[(i + j) % len(_WORDS)]
+                                      for j in range(3 + 3 * (i % 8)))
             for i in range(n)]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 
@@ -149,6 +150,30 @@ async def test_an_embedding_model_is_probed_on_embeddings_with_texts_and_images(
     transport, seen = embedder(images=False)
     assert await run(check(), text_only, transport) is None
     assert text_only.pooling_batched and set(seen) == {"text"}
+
+
+async def test_every_probe_fits_the_shortest_context_of_a_pooling_model() -> None:
+    """SigLIP reads 64 tokens: an engine refuses a longer input (400), and a replica whose probe
+    is refused is never admitted. Words and punctuation count a token each here, fewer than a
+    real tokenizer makes of these texts' common words."""
+    seen: list[int] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/classify":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if "input" not in body:
+            return httpx.Response(400, json={"error": {"message": "text only"}})
+        tokens = len(re.findall(r"\w+|[^\w\s]", body["input"]))
+        seen.append(tokens)
+        if tokens > 64:
+            return httpx.Response(400, json={"error": {"message": "longer than 64 tokens"}})
+        return httpx.Response(200, json={"data": [{"index": 0, "embedding": [tokens, 1.0]}]})
+
+    replica = make_replica("r0")
+    assert await run(check(canary_probes=64), replica, httpx.MockTransport(handle)) is None
+    assert replica.pooling_batched
+    assert len(seen) == 1 + 64 + 3 * 64 and len(set(seen)) >= 8, "shapes still differ"
 
 
 async def test_an_image_tower_that_changes_when_co_batched_keeps_pooling_serialized() -> None:
