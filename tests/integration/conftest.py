@@ -18,8 +18,8 @@ from tests.support.procs import Proc, start_stub
 # The engine modules, in the order they run: the classifier's users first, then the users of the
 # launched service's text replicas (both recipes start with the run): the police and Ray with
 # engines of their own besides, NeMo Gym's (late: its client's venv is built beside the suite),
-# the group judges (one replica killed mid-group: after it the text replicas' addresses may be
-# others, so no test that attaches to them comes later), the replica-killing chaos last of them,
+# the group judges, the replica-killing chaos last of them (a group judged across its kill: after
+# it the text replicas' addresses may be others, so no test that attaches to them comes later),
 # then the VLM's, whose replicas start during chaos. At most six engines run at once (about
 # 2.2 GiB each here).
 ORDER = [

@@ -4,8 +4,10 @@ One 2-replica service (the run's launched service, tests/support/engines.py: the
 its replicas, so its keeper restarts them) serves the same distinct requests twice: once
 fault-free, once while one replica is killed part-way through. Every request of the chaos run
 must answer 200 with the same bits as the fault-free run (failover re-sends the same canonical
-body to an identical replica). benchmarks/chaos.py repeats the chaos run several times and
-prints a table.
+body to an identical replica). A group of 16 judged pairwise (tests/integration/
+test_groups_engine.py) rides the same kill: sent in reverse order just before it, answered after
+it, with the fault-free group's rewards. benchmarks/chaos.py repeats the chaos run several times
+and prints a table.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -22,6 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.test_groups_engine import VOWELS, rewards
+from tests.integration.test_groups_engine import body as group_body
+from tests.support.groups import group_items
 from tests.support.procs import Proc, descendants, pids_alive, wait_ready
 
 pytestmark = pytest.mark.engine
@@ -30,6 +36,7 @@ REQUESTS = 160  # benchmarks/chaos.py runs more, and repeats them
 CONCURRENCY = 32
 KILL_AFTER = 50  # completed requests before the kill; `drive` holds the rest back until it
 SERVED = "tiny"
+GROUP = group_items(16, random.Random(49), group_id="killed")
 
 
 def body(i: int) -> dict[str, Any]:
@@ -50,6 +57,8 @@ class Run:
     failures: dict[int, str] = field(default_factory=dict)  # request index -> status and body
     killed_pid: int | None = None
     done_at_kill: int = 0
+    group: asyncio.Task[httpx.Response] | None = None
+    group_done_at_kill: bool = False
 
 
 async def _send(client: httpx.AsyncClient, i: int, run: Run) -> None:
@@ -79,10 +88,14 @@ async def _ready_pid(client: httpx.AsyncClient, victim: str) -> int:
 
 
 async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: str,
-                     killed: asyncio.Event) -> None:
+                     killed: asyncio.Event, group: dict[str, Any] | None) -> None:
     while len(run.answers) + len(run.failures) < after:
         await asyncio.sleep(0.05)
     pid = await _ready_pid(client, victim)
+    if group is not None:  # its comparisons go out beside the chat requests, then the kill
+        run.group = asyncio.create_task(client.post("/v1/score", json=group))
+        await asyncio.sleep(0.02)
+        run.group_done_at_kill = run.group.done()
     run.done_at_kill = len(run.answers) + len(run.failures)
     # The replica's pid leads its own process group (the reaper, vLLM and its workers).
     os.killpg(pid, signal.SIGKILL)
@@ -90,11 +103,12 @@ async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: st
     killed.set()
 
 
-async def drive(url: str, kill_after: int | None = None, victim: str = "r0") -> Run:
+async def drive(url: str, kill_after: int | None = None, victim: str = "r0",
+                group: dict[str, Any] | None = None) -> Run:
     """All requests, CONCURRENCY at a time. With `kill_after`: the victim is killed once that
     many are done, and no request past the next CONCURRENCY is sent before it is, so that the
     kill lands with requests in flight and others still to send, however fast the machine
-    serves them."""
+    serves them; `group`, a /v1/score body, is sent just before the kill."""
     run = Run()
     todo = iter(range(REQUESTS))
     limits = httpx.Limits(max_connections=CONCURRENCY + 4)
@@ -110,8 +124,10 @@ async def drive(url: str, kill_after: int | None = None, victim: str = "r0") -> 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
         jobs = [worker(client) for _ in range(CONCURRENCY)]
         if kill_after is not None:
-            jobs.append(_kill_when(client, run, kill_after, victim, killed))
+            jobs.append(_kill_when(client, run, kill_after, victim, killed, group))
         await asyncio.gather(*jobs)
+        if run.group is not None:
+            await run.group
     return run
 
 
@@ -138,6 +154,9 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     service = launched_text
     restarts = replica(service.url, "r0")["restarts"]
     before = pinned(service.url, REQUESTS, "r0")
+    clean_group = httpx.post(service.url + "/v1/score", json=group_body("pairwise", GROUP, VOWELS),
+                             timeout=600)
+    assert clean_group.status_code == 200, clean_group.text
     clean = asyncio.run(drive(service.url))
     assert not clean.failures, f"fault-free run failed: {list(clean.failures.items())[:3]}"
     distinct = {a["choices"][0]["message"]["content"] for a in clean.answers.values()}
@@ -145,7 +164,8 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     assert clean.answers[0]["choices"][0]["logprobs"], "logprobs must be compared too"
 
     failed_over = replica_failures(service.url)
-    chaos = asyncio.run(drive(service.url, kill_after=KILL_AFTER))
+    chaos = asyncio.run(drive(service.url, kill_after=KILL_AFTER,
+                              group=group_body("pairwise", GROUP[::-1], VOWELS)))
     assert chaos.killed_pid is not None and chaos.done_at_kill < REQUESTS - CONCURRENCY
     assert not pids_alive([chaos.killed_pid]), "the replica survived SIGKILL"
     assert not chaos.failures, (
@@ -154,6 +174,11 @@ def test_sigkill_one_replica_midway_loses_and_changes_nothing(launched_text: Pro
     mismatched = [i for i in range(REQUESTS) if chaos.answers[i] != clean.answers[i]]
     assert not mismatched, f"{len(mismatched)} answers changed, first {mismatched[0]}"
     assert replica_failures(service.url) > failed_over, "no request was failed over"
+    assert chaos.group is not None and not chaos.group_done_at_kill, "the group beat the kill"
+    group = chaos.group.result()
+    assert group.status_code == 200, group.text
+    assert rewards(group.json()) == rewards(clean_group.json())
+    assert any(r[0] is not None for r in rewards(group.json()).values())
     # The keeper brings the killed replica back; the service ends with both serving.
     wait_ready(service, timeout=600)
     assert replica(service.url, "r0")["restarts"] == restarts + 1

