@@ -15,11 +15,11 @@ T = TypeVar("T")
 
 
 def order(items: Sequence[T], rnd: int) -> list[T]:
-    """Round `rnd`'s order: rotated by one each round and reversed every other round, so no
-    contender always runs first or right after the same neighbour (rotation alone kept a tree
-    right after its `-before` copy, and one such pair of identical code measured 0.84-0.94 of
-    itself: gpu/RESULTS.md's history)."""
-    turn = rnd % len(items) if items else 0
+    """Round `rnd`'s order: reversed every other round and rotated by one every second round,
+    so no contender always runs first or right after the same neighbour (rotation alone kept a
+    tree right after its `-before` copy, and one such pair of identical code measured 0.84-0.94
+    of itself: gpu/RESULTS.md's history); two contenders each go first in half the rounds."""
+    turn = (rnd // 2) % len(items) if items else 0
     out = [*items[turn:], *items[:turn]]
     return out[::-1] if rnd % 2 else out
 
