@@ -17,39 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import loadgen
-import procs
-
-RESULTS = Path(__file__).resolve().parent / "results"
-SERVED = "tiny"
-
-
-def tiny_model() -> str:
-    out = subprocess.run([str(procs.MAIN_PY), "-m", "grm_service.tiny_models", "text"],
-                         check=True, capture_output=True, text=True, cwd=procs.REPO).stdout
-    return out.strip().splitlines()[-1].strip()
+from harness import loadgen, procs, rounds, servers
+from harness.procs import RESULTS
+from harness.servers import TINY_SERVED as SERVED
 
 
 def start_service(f: procs.Fleet, model: str, serialize: str, n: int,
                   src: Path | None = None) -> tuple[procs.Proc, float]:
-    port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--model", model,
-            "--replicas", "2", "--engine", "vllm-cpu", "--dtype", "float32",
-            "--max-model-len", "512", "--port", str(port), "--served-model-name", SERVED,
-            "--serialize", serialize, "--log-level", "warning", "--", "--enforce-eager"]
+    """The service and its cold start: spawn to /ready."""
     start = time.perf_counter()
-    proc = f.spawn(f"grm-e2e-{n}", argv, f"http://127.0.0.1:{port}",
-                   env={"PYTHONPATH": str(src or procs.REPO)})
-    procs.wait_ready(proc, "/ready", timeout=600)
+    proc = servers.start_service(f, f"grm-e2e-{n}", model, flags=["--serialize", serialize],
+                                 src=src or procs.REPO, timeout=600)
     return proc, time.perf_counter() - start
 
 
@@ -89,13 +71,12 @@ def added_latency(gw: str, r0: str, n: int) -> dict[str, float]:
             "dropped": dropped}
 
 
-def throughput(gw: str, replicas: list[str], concs: list[int], rounds: int,
+def throughput(gw: str, replicas: list[str], concs: list[int], count: int,
                duration: float) -> list[dict[str, float]]:
     rows = []
-    for rnd in range(rounds):
+    for rnd in range(count):
         for c in concs:
-            sides = [("gateway", [gw]), ("direct", replicas)]
-            for side, urls in sides if rnd % 2 == 0 else sides[::-1]:
+            for side, urls in rounds.order([("gateway", [gw]), ("direct", replicas)], rnd):
                 res = loadgen.run_split(urls, loadgen.Load(c, duration, keys=64, model=SERVED))
                 rows.append({"round": rnd, "concurrency": c, "side": side, "rps": res.rps,
                              "p50_ms": res.pct_ms(50), "p99_ms": res.pct_ms(99),
@@ -118,7 +99,7 @@ def main() -> None:
                         help="folder with a patched grm_service package to run instead")
     parser.add_argument("--out", default=None, help="results/<out>.json")
     args = parser.parse_args()
-    model = tiny_model()
+    model = servers.tiny_model()
     colds: list[float] = []
     result: dict[str, object] = {"model": model, "serialize": args.serialize}
     for n in range(args.starts):
@@ -143,8 +124,8 @@ def main() -> None:
 def _report(result: dict[str, object]) -> None:
     colds = result["cold_start_s"]
     assert isinstance(colds, list)
-    print(f"\n2-replica cold start (spawn -> /ready): median {statistics.median(colds):.1f} s "
-          f"[{min(colds):.1f}-{max(colds):.1f}] over {len(colds)} starts")
+    print(f"\n2-replica cold start (spawn -> /ready): median {rounds.spread(colds)} s "
+          f"over {len(colds)} starts")
     lat = result["added_latency"]
     assert isinstance(lat, dict)
     print(f"\n{lat['n']} sequential request pairs, pinned to r0 "
@@ -164,8 +145,8 @@ def _report(result: dict[str, object]) -> None:
         d = [r for r in rows if r["concurrency"] == c and r["side"] == "direct"]
         g = [r for r in rows if r["concurrency"] == c and r["side"] == "gateway"]
         dm, gm = (statistics.median(x["rps"] for x in d), statistics.median(x["rps"] for x in g))
-        print(f"| {c} | {dm:.1f} [{min(x['rps'] for x in d):.1f}-{max(x['rps'] for x in d):.1f}]"
-              f" | {gm:.1f} [{min(x['rps'] for x in g):.1f}-{max(x['rps'] for x in g):.1f}]"
+        print(f"| {c} | {rounds.spread([x['rps'] for x in d])}"
+              f" | {rounds.spread([x['rps'] for x in g])}"
               f" | {gm / dm:.2f} | {statistics.median(x['p50_ms'] for x in d):.2f}"
               f" | {statistics.median(x['p50_ms'] for x in g):.2f} |")
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import blake3
+from harness.rounds import spread
 
 from grm_service import fingerprint
 
@@ -113,9 +114,8 @@ def _report(total: int, nfiles: int, times: dict[str, list[float]], hits: list[f
     print(f"model folder: {gb:.2f} GB in {nfiles} files; {rounds} rounds; cores: {os.cpu_count()}")
     print("\n| method | seconds median [min-max] | GB/s median [min-max] |\n|---|---|---|")
     for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"| {name} | {med:.3f} [{min(ts):.3f}-{max(ts):.3f}] "
-              f"| {gb / med:.2f} [{gb / max(ts):.2f}-{gb / min(ts):.2f}] |")
+        print(f"| {name} | {spread(ts, '.3f')} "
+              f"| {spread([gb / t for t in ts], '.2f')} |")
     med = statistics.median(hits)
     print(f"| model_hash, cache hit ({len(hits)} calls) | {med * 1e3:.3f} ms "
           f"[{min(hits) * 1e3:.3f}-{max(hits) * 1e3:.3f}] | {gb / med:.0f} (effective) |")

@@ -1,8 +1,8 @@
 """Gateway overhead on STUB backends: grm-service vs vllm-router vs smg vs direct, same stubs.
 
 Starts R stub replicas and every contender in front of them, then, for each round, each
-concurrency and each contender (order rotated per round, so slow drifts of a shared machine hit
-all contenders alike), runs a short warm-up and a bounded wrk run. Records req/s, latency
+concurrency and each contender (in `rounds.order`, so slow drifts of a shared machine hit all
+contenders alike), runs a short warm-up and a bounded wrk run. Records req/s, latency
 percentiles, and CPU seconds per request of the contender process, the stubs and wrk.
 
     .venv/bin/python benchmarks/bench_gateway.py                # ~6 min, prints the table
@@ -15,7 +15,7 @@ percentiles, and CPU seconds per request of the contender process, the stubs and
     .venv/bin/python benchmarks/bench_gateway.py --body judge --concurrency 64  # a judge request
     .venv/bin/python benchmarks/bench_gateway.py --body sdk --concurrency 64   # the OpenAI SDK's
 
-`--body` picks the requests (benchmarks/bodies.py): `short`, the 120-byte body; `judge`, a
+`--body` picks the requests (benchmarks/harness/bodies.py): `short`, the 120-byte body; `judge`, a
 ~1.1 KB four-message judge request with sampling fields; `sdk`, what the OpenAI Python SDK
 sends (its compact body, its headers).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -34,12 +35,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import bodies, cpu, loadgen, procs, rounds, servers
+from harness.procs import RESULTS
 
-import loadgen
-import procs
-
-RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("vllm-router", "smg")
 
 
@@ -78,8 +76,8 @@ class Contender:
     def per_process(self) -> dict[int, float]:
         """CPU seconds of each of the contender's processes and of their descendants, one
         by one (a manager, its keeper and each worker apart)."""
-        return {pid: procs.cpu_seconds(pid, alone=True)
-                for p in self.procs for pid in [p.pid, *procs.descendants(p.pid)]}
+        return {pid: cpu.cpu_seconds(pid, alone=True)
+                for p in self.procs for pid in [p.pid, *cpu.descendants(p.pid)]}
 
 
 def _shares(before: dict[int, float], after: dict[int, float]) -> list[float]:
@@ -96,19 +94,19 @@ def _shares(before: dict[int, float], after: dict[int, float]) -> list[float]:
 def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, Path],
            env_variants: dict[str, tuple[str, str]]) -> Contender:
     starters: dict[str, Callable[[], procs.Proc]] = {
-        "grm-service": lambda: procs.start_grm(f, backends),
+        "grm-service": lambda: servers.start_grm(f, backends),
         # The same, its ledger off: recording's cost, measured in the same run.
-        "grm-service-noledger": lambda: procs.start_grm(f, backends, "grm-service-noledger",
+        "grm-service-noledger": lambda: servers.start_grm(f, backends, "grm-service-noledger",
                                                         env_extra={"GRM_LEDGER": "false"}),
-        "vllm-router": lambda: procs.start_vllm_router(f, backends),
+        "vllm-router": lambda: servers.start_vllm_router(f, backends),
         # The floor: the same deterministic work in Python, nothing else (lean_proxy.py).
-        "lean-proxy": lambda: procs.start_lean(f, backends),
-        "smg": lambda: procs.start_smg(f, backends),
+        "lean-proxy": lambda: servers.start_lean(f, backends),
+        "smg": lambda: servers.start_smg(f, backends),
     }
     for vname, src in variants.items():
-        starters[vname] = lambda vname=vname, src=src: procs.start_grm(f, backends, vname, src)
+        starters[vname] = lambda vname=vname, src=src: servers.start_grm(f, backends, vname, src)
     for vname, (var, value) in env_variants.items():
-        starters[vname] = lambda vname=vname, var=var, value=value: procs.start_grm(
+        starters[vname] = lambda vname=vname, var=var, value=value: servers.start_grm(
             f, backends, vname, env_extra={var: value})
     proc = starters[name]()
     return Contender(name, [proc.url], [proc])
@@ -117,7 +115,7 @@ def _start(f: procs.Fleet, name: str, backends: list[str], variants: dict[str, P
 def _start_workers(f: procs.Fleet, n: int, backends: list[str]) -> Contender:
     """N independent gateways on the same stubs, load split over them: what N processes give
     (an upper bound: each has its own replica gates, not one shared set)."""
-    started = [procs.start_grm(f, backends, f"grm-service-x{n}-{i}") for i in range(n)]
+    started = [servers.start_grm(f, backends, f"grm-service-x{n}-{i}") for i in range(n)]
     return Contender(f"grm-service-x{n}", [p.url for p in started], started)
 
 
@@ -128,7 +126,7 @@ def _start_gateway_workers(f: procs.Fleet, n: int, backends: list[str],
     `src`: a folder holding another `grm_service` to run instead of the checkout's; `env`
     one more variable, the contender then named `grm-service-wN-TAG`."""
     name = f"grm-service-w{n}" + (f"-{tag}" if tag else "")
-    proc = procs.start_grm(f, backends, name, src, extra=["--workers", str(n)], env_extra=env)
+    proc = servers.start_grm(f, backends, name, src, extra=["--workers", str(n)], env_extra=env)
     return Contender(name, [proc.url], [proc])
 
 
@@ -175,13 +173,13 @@ def summarize(runs: list[Run], contenders: list[str]) -> str:
         for name, rs in at.items():
             if not rs:
                 continue
-            lo, hi = min(r.rps for r in rs), max(r.rps for r in rs)
             vs_direct = rps[name] / rps["direct"] if "direct" in rps else float("nan")
             vs_peer = rps[name] / rps[best] if best else float("nan")
             added = (f"{p50[name] - p50['direct']:+.3f}"
                      if name in p50 and "direct" in p50 else "n/a")
             out.append(
-                f"| {name} | {rps[name]:.0f} [{lo:.0f}-{hi:.0f}] | {_cell(rs, 'p50_ms', '.3f')} "
+                f"| {name} | {rounds.spread([r.rps for r in rs], '.0f')} "
+                f"| {_cell(rs, 'p50_ms', '.3f')} "
                 f"| {_cell(rs, 'p90_ms', '.3f')} | {_cell(rs, 'p99_ms', '.3f')} "
                 f"| {vs_direct:.2f} | {vs_peer:.2f} | {added} "
                 f"| {_cell(rs, 'proxy_cpu_us', '.0f')} | {_cell(rs, 'proxy_sys_us', '.0f')} "
@@ -206,9 +204,9 @@ def paired(runs: list[Run], ref: str) -> str:
             if not pairs:
                 continue
             ratio = [a.rps / b.rps for a, b in pairs]
-            cpu = [a.proxy_cpu_us - b.proxy_cpu_us for a, b in pairs]
-            out.append(f"| {c} | {name} | {_med(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}] "
-                       f"| {_med(cpu):+.0f} [{min(cpu):+.0f} to {max(cpu):+.0f}] |")
+            more = [a.proxy_cpu_us - b.proxy_cpu_us for a, b in pairs]
+            out.append(f"| {c} | {name} | {rounds.spread(ratio, '.3f')} "
+                       f"| {_med(more):+.0f} [{min(more):+.0f} to {max(more):+.0f}] |")
     return "\n".join(out)
 
 
@@ -234,7 +232,7 @@ def main() -> None:
                         "(stub_server.py --fast): the stubs' CPU no longer competes with "
                         "many gateway workers for the machine's cores")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
-    parser.add_argument("--body", choices=loadgen.bodies.KINDS, default="short",
+    parser.add_argument("--body", choices=bodies.KINDS, default="short",
                         help="the requests sent (bodies.py): the short body, a judge "
                         "request, or the OpenAI SDK's")
     parser.add_argument("--rounds", type=int, default=3)
@@ -281,7 +279,7 @@ def main() -> None:
     failed: dict[str, str] = {}
     started = time.time()
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i, args.stub_delay, args.fast_stubs)
+        stubs = [servers.start_stub(f, i, args.stub_delay, args.fast_stubs)
                  for i in range(args.replicas)]
         backends = [s.url for s in stubs]
         contenders = [Contender("direct", backends, [])] if "direct" in names else []
@@ -303,14 +301,8 @@ def main() -> None:
             for tag, src in gw_src:
                 contenders.append(_start_gateway_workers(f, n, backends, src, tag))
         for rnd in range(args.rounds):
-            order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]
-            # Reversed every other round: rotation alone kept each contender right after the
-            # same neighbour (a tree and its `-before` copy), and one such pair of identical
-            # code measured 0.84-0.94 of itself (gpu/RESULTS.md).
-            if rnd % 2:
-                order.reverse()
             for conc in args.concurrency:
-                for c in order:
+                for c in rounds.order(contenders, rnd):
                     loadgen.run_split(c.urls, loadgen.Load(conc, args.warmup, body=args.body))
                     load = loadgen.Load(conc, args.duration, max_requests=args.max_requests,
                                         body=args.body)
@@ -329,7 +321,7 @@ def main() -> None:
     if args.pair_with:
         table += "\n" + paired(runs, args.pair_with)
     meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
-                       f"{_cpus()} CPUs",
+                       f"{os.cpu_count()} CPUs",
             "replicas": args.replicas, "stub_delay_s": args.stub_delay,
             "fast_stubs": args.fast_stubs, "rounds": args.rounds,
             "duration_s": args.duration, "body": args.body,
@@ -343,11 +335,6 @@ def main() -> None:
     for name, err in failed.items():
         print(f"\n{name} FAILED TO START:\n{err}")
 
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":

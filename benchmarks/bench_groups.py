@@ -20,15 +20,12 @@ import json
 import random
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import procs, servers
+from harness.procs import RESULTS
 
-import procs
-
-RESULTS = Path(__file__).resolve().parent / "results"
 SERVED = "bench-groups"
 PROMPT = "Write one sentence on why the sky is blue."
 WORDS = ("light", "scatter", "blue", "short", "waves", "air", "sun", "molecules", "Rayleigh",
@@ -56,43 +53,23 @@ def candidates(n: int, rng: random.Random) -> list[str]:
 
 
 def start_service(f: procs.Fleet, args: argparse.Namespace) -> str:
-    model = args.model or tiny_model()
-    port = procs.free_port()
-    argv = [sys.executable, "-m", "grm_service.cli", "serve", "--model", model,
-            "--replicas", str(args.replicas), "--engine", args.engine, "--port", str(port),
-            "--served-model-name", SERVED, "--log-level", "warning",
-            "--max-model-len", str(args.max_model_len)]
-    if args.engine == "vllm-cpu":
-        argv += ["--dtype", "float32", "--", "--enforce-eager"]
-    env = {"PYTHONPATH": str(procs.REPO), "GRM_LEDGER_CACHE_SCORE": "false",
-           "GRM_AUDIT_FRACTION": "0"}
-    proc = f.spawn("grm-groups", argv, f"http://127.0.0.1:{port}", env=env)
-    procs.wait_ready(proc, "/ready", timeout=1800)
-    return proc.url
-
-
-def tiny_model() -> str:
-    from grm_service.tiny_models import ensure_tiny_model
-
-    return str(ensure_tiny_model("text"))
+    """A service with the score cache and the audit off: every comparison reaches an engine,
+    once."""
+    model = args.model or servers.tiny_model()
+    env = {"GRM_LEDGER_CACHE_SCORE": "false", "GRM_AUDIT_FRACTION": "0"}
+    return servers.start_service(f, "grm-groups", model, args.replicas, engine=args.engine,
+                                 served=SERVED, max_model_len=args.max_model_len, env=env,
+                                 python=Path(sys.executable), timeout=1800).url
 
 
 def tokens(url: str) -> dict[str, float]:
     time.sleep(1.2)  # the gateway hands its counters to prometheus_client once a second
-    found = {"prompt": 0.0, "completion": 0.0}
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
-        for line in answer.read().decode().splitlines():
-            for kind in found:
-                if line.startswith(f'grm_tokens_total{{kind="{kind}"}}'):
-                    found[kind] = float(line.rsplit(" ", 1)[1])
-    return found
+    return {kind: servers.metric(url, "grm_tokens_total", {"kind": kind})
+            for kind in ("prompt", "completion")}
 
 
 def score(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url + "/v1/score", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=3600) as answer:
-        return dict(json.loads(answer.read()))
+    return dict(procs.http_post_json(url + "/v1/score", body, timeout=3600)[1])
 
 
 def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:

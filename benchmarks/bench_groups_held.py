@@ -38,6 +38,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from harness.cpu import rss_kib
+
 from grm_service.scoring.batch import item_digest
 from grm_service.scoring.groups.held import HeldGroups, HoldSettings
 from grm_service.scoring.models import ItemResult, ScoreItem
@@ -136,13 +138,6 @@ async def held_there(held: HeldGroups, path: Path, poll_s: float, size: int, gro
     arrived: dict[str, float] = await asyncio.to_thread(ours.recv)
     child.join()
     return last, [arrived[n] - sent[n] for n in sent]
-
-
-def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 async def memory(path: Path, open_groups: int, item_bytes: int) -> dict[str, float]:

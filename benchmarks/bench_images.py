@@ -39,7 +39,6 @@ import http.client
 import io
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -50,51 +49,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness import procs, rounds, servers
+from harness.images import chat_body, scan_page
+from PIL import Image
 
 from grm_service.canonical import canonical_json
 from grm_service.gateway.request.checkpoint import Limits, check_body
 from grm_service.gateway.request.images import ImageLimits
 
-WORDS = ["invoice", "total", "amount", "2026", "page", "section", "lorem", "ipsum", "reward",
-         "model", "policy", "score", "batch", "replica", "seed", "fingerprint"]
-
-
-def scan_page(width: int, height: int, noise: float, mode: str = "L", seed: int = 0) -> bytes:
-    """A text page as a flatbed scanner gives it: dark words on paper grey, sensor noise."""
-    rng = random.Random(seed)
-    page = Image.new(mode, (width, height), 235 if mode == "L" else (235, 232, 225))
-    draw = ImageDraw.Draw(page)
-    y = 30
-    while y < height - 30:
-        x = 30
-        while x < width - 90:
-            word = rng.choice(WORDS)
-            ink = rng.randint(0, 60)
-            draw.text((x, y), word, fill=ink if mode == "L" else (ink, ink, ink + 10))
-            x += 7 * len(word) + rng.randint(6, 14)
-        y += rng.randint(14, 20)
-    grain = Image.effect_noise((width, height), 64).convert(mode)
-    scanned = Image.blend(page, grain, noise)
-    out = io.BytesIO()
-    scanned.save(out, "PNG")
-    return out.getvalue()
+# Nothing but the clients' requests: no audit's re-run, no canary's probes.
+QUIET = {"GRM_AUDIT_FRACTION": "0", "GRM_CANARY": "false"}
 
 
 def images() -> dict[str, bytes]:
     return {"224x224 crop": scan_page(224, 224, 0.31, "RGB"),
             "page scan": scan_page(1700, 2200, 0.025)}
-
-
-def chat_body(raw: bytes) -> dict[str, object]:
-    url = "data:image/png;base64," + base64.b64encode(raw).decode()
-    return {"model": procs.STUB_MODEL, "max_tokens": 16, "seed": 1, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                     {"type": "text", "text": "Transcribe the page."}]}]}
 
 
 def old_check(body: dict[str, object]) -> None:
@@ -115,20 +84,6 @@ def cpu_per_call(fn: Callable[[], None], calls: int) -> float:
             fn()
         samples.append((time.process_time() - start) / calls)
     return statistics.median(samples)
-
-
-def start_gateway(f: procs.Fleet, backends: list[str], name: str, src: Path) -> procs.Proc:
-    port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
-    for url in backends:
-        argv += ["--replica-url", url]
-    # The checked-out package first; the caller's PYTHONPATH (extra dependencies) after it.
-    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path, "GRM_AUDIT_FRACTION": "0", "GRM_CANARY": "false"}
-    proc = f.spawn(name, argv, f"http://127.0.0.1:{port}", env=env)
-    procs.wait_ready(proc, "/ready")
-    return proc
 
 
 def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
@@ -156,15 +111,14 @@ def gateway_cpu_ms(gateway: procs.Proc, body: bytes, requests: int) -> float:
     return used / requests * 1e3
 
 
-def measured_in_rounds(servers: dict[str, procs.Proc], body: bytes, requests: int,
-                       rounds: int) -> dict[str, list[float]]:
-    """`gateway_cpu_ms` of each server, `rounds` times, in an order rotated each round (this
-    machine's speed drifts over a run: a fixed order would favour one side)."""
-    samples: dict[str, list[float]] = {column: [] for column in servers}
-    order = list(servers)
-    for r in range(rounds):
-        for column in order[r % len(order):] + order[:r % len(order)]:
-            samples[column].append(gateway_cpu_ms(servers[column], body, requests))
+def measured_in_rounds(targets: dict[str, procs.Proc], body: bytes, requests: int,
+                       count: int) -> dict[str, list[float]]:
+    """`gateway_cpu_ms` of each server, `count` times, in `rounds.order` (this machine's speed
+    drifts over a run: a fixed order would favour one side)."""
+    samples: dict[str, list[float]] = {column: [] for column in targets}
+    for r in range(count):
+        for column in rounds.order(list(targets), r):
+            samples[column].append(gateway_cpu_ms(targets[column], body, requests))
     return samples
 
 
@@ -255,9 +209,9 @@ def hot_path_steps(body: dict[str, object]) -> dict[str, float]:
 
 def steps_in_child(src: Path, image: str) -> dict[str, float]:
     """`hot_path_steps` in a fresh interpreter with the package in `src` first on its path."""
-    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
     out = subprocess.run([str(procs.MAIN_PY), __file__, "--steps-of", image], check=True,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+                         capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": procs.pythonpath(src)})
     return dict(json.loads(out.stdout))
 
 
@@ -290,14 +244,15 @@ def main() -> None:
     profiles: dict[str, str] = {}
     spreads: dict[str, dict[str, list[float]]] = {}
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i) for i in range(2)]
+        stubs = [servers.start_stub(f, i) for i in range(2)]
         urls = [s.url for s in stubs]
         trees = {"after": procs.REPO}
         if args.before:
             trees = {"before": args.before.resolve(), **trees}
-        gateways = {label: start_gateway(f, urls, f"grm-{label}", src)
+        gateways = {label: servers.start_grm(f, urls, f"grm-{label}", src, serialize=None,
+                                             env_extra=QUIET)
                     for label, src in trees.items()}
-        floor = procs.start_floor(f, urls[0])
+        floor = servers.start_floor(f, urls[0])
         steps = {(name, label): steps_in_child(src, name)
                  for name in pictures for label, src in trees.items()}
         for name, raw in pictures.items():
@@ -309,9 +264,9 @@ def main() -> None:
                    "check_after_ms": cpu_per_call(
                        lambda b=body: check_body("/v1/chat/completions", b, limits), calls) * 1e3}
             count = args.requests if len(raw) < 500_000 else max(20, args.requests // 4)
-            servers = {f"gateway_{label}_ms": g for label, g in gateways.items()}
-            servers["byte_floor_ms"] = floor
-            samples = measured_in_rounds(servers, encoded, count, args.rounds)
+            targets = {f"gateway_{label}_ms": g for label, g in gateways.items()}
+            targets["byte_floor_ms"] = floor
+            samples = measured_in_rounds(targets, encoded, count, args.rounds)
             row.update({column: statistics.median(ms) for column, ms in samples.items()})
             spreads[name] = samples
             rows.append(row)

@@ -2,7 +2,7 @@
 against a forwarded request's, and a 10,000-request replay.
 
 - **bytes**: /v1/score batches of OCR items (a 224 x 224 noisy scan, ~114 KB, the OCR
-  benchmark's size: bench_images.scan_page) and of judge items (a prompt, a completion of ~1 KB,
+  benchmark's size: harness/images.py) and of judge items (a prompt, a completion of ~1 KB,
   a reference), each run tagged; per record: the canonical body, the answer, the fingerprint,
   and the SQLite file's pages per record. STUB answers are short: an engine's adds its text.
 - **cache**: gateway CPU seconds (all threads) per /v1/score item, the same batch sent again and
@@ -30,18 +30,15 @@ from contextlib import closing
 from pathlib import Path
 
 import httpx
+from harness import procs, servers
+from harness.images import scan_page
+from harness.procs import RESULTS
 
 from grm_service.ledger.query import all_records
 from grm_service.ledger.records import fields_json
 from grm_service.ledger.sqlite import SqliteStore
 from grm_service.ledger.store import Selection
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
-from bench_images import scan_page
-
-RESULTS = Path(__file__).resolve().parent / "results"
 OCR_BATCH = 64
 JUDGE_BATCH = 256
 COMPLETION = " ".join(["The answer follows from the second step of the derivation."] * 16)
@@ -71,7 +68,7 @@ def score(url: str, scorer: str, items: list[dict[str, str]], run: str) -> None:
 
 
 def measure_bytes(f: procs.Fleet, backends: list[str]) -> list[str]:
-    gw = procs.start_grm(f, backends, "ledger-bytes",
+    gw = servers.start_grm(f, backends, "ledger-bytes",
                          env_extra={"GRM_LEDGER_CACHE_SCORE": "false"})
     path = ledger_of(gw)
     lines = ["| request | records | body B | answer B | fingerprint B | on disk B/record |",
@@ -108,8 +105,8 @@ def cpu_per_item(gw: procs.Proc, items: list[dict[str, str]], rounds: int) -> fl
 
 def measure_cache(f: procs.Fleet, backends: list[str], rounds: int) -> list[str]:
     items = judge_items(JUDGE_BATCH)
-    hit = procs.start_grm(f, backends, "ledger-cache-on")
-    forwarded = procs.start_grm(f, backends, "ledger-cache-off",
+    hit = servers.start_grm(f, backends, "ledger-cache-on")
+    forwarded = servers.start_grm(f, backends, "ledger-cache-off",
                                 env_extra={"GRM_LEDGER_CACHE_SCORE": "false"})
     on, off = cpu_per_item(hit, items, rounds), cpu_per_item(forwarded, items, rounds)
     return ["| /v1/score item, judge | gateway CPU us/item |", "|---|---|",
@@ -134,7 +131,7 @@ async def send_all(url: str, n: int, concurrency: int) -> float:
 
 
 def measure_replay(f: procs.Fleet, backends: list[str], n: int, concurrency: int) -> list[str]:
-    gw = procs.start_grm(f, backends, "ledger-replay")
+    gw = servers.start_grm(f, backends, "ledger-replay")
     recorded_s = asyncio.run(send_all(gw.url, n, concurrency))
     time.sleep(2)
     start = time.perf_counter()
@@ -159,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     sections = []
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i) for i in range(2)]
+        stubs = [servers.start_stub(f, i) for i in range(2)]
         backends = [s.url for s in stubs]
         sections.append(("Bytes per record", measure_bytes(f, backends)))
         sections.append(("Cache hit vs forward", measure_cache(f, backends, args.rounds)))

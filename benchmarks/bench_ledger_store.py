@@ -139,7 +139,7 @@ def _run_once(args: argparse.Namespace) -> list[list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         answer = _ANSWER
         if args.ocr:  # imported here: `_before`'s child imports this module with an older tree
-            from stub_server import logprobs_answer
+            from harness.stub_server import logprobs_answer
             answer = logprobs_answer(128)
         curves = [curve(Path(tmp) / f"{i}.sqlite", args.rows, args.batch, variant, args.points,
                         answer) for i, variant in enumerate(VARIANTS)]

@@ -14,31 +14,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
+from harness import procs, servers
+from harness.servers import TINY_SERVED as SERVED
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
-
-SERVED = "tiny"
-
-
-def tiny_model() -> str:
-    out = subprocess.run([str(procs.MAIN_PY), "-m", "grm_service.tiny_models", "text"],
-                         check=True, capture_output=True, text=True, cwd=procs.REPO).stdout
-    return out.strip().splitlines()[-1].strip()
+FAILURES = "grm_replica_failures_total"
 
 
 def body(i: int) -> dict[str, Any]:
@@ -94,7 +80,7 @@ async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: st
         await asyncio.sleep(0.05)
     pid = await _busy_pid(client, victim)
     run.done_at_kill = run.done
-    os.killpg(pid, signal.SIGKILL)  # the replica's pid leads its group: reaper, vLLM, workers
+    procs.kill_group(pid)  # the replica's pid leads its group: reaper, vLLM, workers
     run.killed_pid = pid
 
 
@@ -118,38 +104,15 @@ async def drive(url: str, requests: int, concurrency: int, kill_after: int | Non
     return run
 
 
-def all_ready(url: str, timeout: float = 900) -> float:
-    """Seconds until every replica is ready (the supervisor restarts a killed one)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        status, raw = procs.http_get(url + "/ready")
-        with contextlib.suppress(ValueError):
-            states = {r["state"] for r in json.loads(raw or b"{}").get("replicas", [])}
-            if status == 200 and states == {"ready"}:
-                return time.monotonic() - start
-        time.sleep(0.5)
-    raise RuntimeError(f"replicas not all ready after {timeout:.0f} s")
-
-
-def replica_failures(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("grm_replica_failures_total{"))
-
-
-def start_service(f: procs.Fleet, model: str, work_dir: str) -> procs.Proc:
-    port = procs.free_port()
-    # A private --work-dir: replicas' temp dirs (vLLM's IPC sockets) derive from it, and a
-    # service on the default one would share them with any other service started that way.
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--model", model,
-            "--replicas", "2", "--engine", "vllm-cpu", "--dtype", "float32",
-            "--max-model-len", "512", "--port", str(port), "--served-model-name", SERVED,
-            "--work-dir", work_dir, "--log-level", "warning", "--", "--enforce-eager"]
-    # Audits would re-run requests on the other replica: off, so the load is only the clients'.
-    env = {"PYTHONPATH": str(procs.REPO), "GRM_AUDIT_FRACTION": "0"}
-    proc = f.spawn("grm-chaos", argv, f"http://127.0.0.1:{port}", env=env)
-    procs.wait_ready(proc, "/ready", timeout=900)
-    all_ready(proc.url)
+def start_service(f: procs.Fleet, work_dir: str) -> procs.Proc:
+    """The tiny model's 2 replicas on vllm-cpu, every one ready. A private --work-dir: replicas'
+    temp dirs (vLLM's IPC sockets) derive from it, and a service on the default one would share
+    them with any other service started that way. Audits would re-run requests on the other
+    replica: off, so the load is only the clients'."""
+    proc = servers.start_service(f, "grm-chaos", servers.tiny_model(),
+                                 flags=["--work-dir", work_dir],
+                                 env={"GRM_AUDIT_FRACTION": "0"})
+    servers.all_ready(proc.url)
     return proc
 
 
@@ -167,11 +130,11 @@ def compare(run: Run, clean: Run) -> int:
 
 
 def chaos_run(url: str, args: argparse.Namespace, n: int, clean: Run) -> Row:
-    before = replica_failures(url)
+    before = servers.metric(url, FAILURES)
     victim = f"r{(n - 1) % 2}"
     run = asyncio.run(drive(url, args.requests, args.concurrency, args.kill_after, victim))
-    failovers = replica_failures(url) - before
-    back = all_ready(url)  # includes the tail of the run after the kill
+    failovers = servers.metric(url, FAILURES) - before
+    back = servers.all_ready(url)  # includes the tail of the run after the kill
     return Row(f"chaos {n} (kill {victim})", run, compare(run, clean), failovers, back)
 
 
@@ -200,7 +163,7 @@ def main() -> None:
     rows: list[Row] = []
     print(HEADER, flush=True)  # rows as they finish: a long run shows progress, and partial data
     with tempfile.TemporaryDirectory(prefix="grm-chaos-") as work, procs.fleet() as f:
-        gw = start_service(f, tiny_model(), work)
+        gw = start_service(f, work)
         clean = asyncio.run(drive(gw.url, args.requests, args.concurrency))
         rows.append(Row("fault-free", clean, 0, 0, None))
         print_row(rows[-1])

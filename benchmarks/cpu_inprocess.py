@@ -32,7 +32,6 @@ import json
 import os
 import pstats
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,16 +41,11 @@ from typing import Any
 
 import uvicorn
 import uvloop
+from harness import bodies, images, procs, servers
+from harness.cpu import Counts, thread_counts
+from harness.stub_server import logprobs_answer
 from uvicorn.lifespan.on import LifespanOn
 from uvicorn.server import ServerState
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_images
-import bodies
-import procs
-from ledger_split import Counts, thread_counts
-from stub_server import logprobs_answer
 
 from grm_service.config import Settings
 from grm_service.gateway.app import create_app
@@ -86,7 +80,7 @@ def _http(body: bytes, i: int) -> bytes:
 
 
 def _chat_request(i: int) -> bytes:
-    """What benchmarks/loadgen.lua sends."""
+    """What loadgen.lua sends."""
     return _http(b'{"model":"rm","messages":[{"role":"user","content":"score prompt %d"}],'
                  b'"seed":42,"max_tokens":8,"temperature":0}' % i, i)
 
@@ -94,8 +88,8 @@ def _chat_request(i: int) -> bytes:
 def _ocr_request(i: int) -> bytes:
     """An OCR request on a 224 x 224 document crop of its own (PNG, ~114 KB): 128 tokens with
     logprobs, temperature 0.7, top_p 0.8."""
-    png = bench_images.scan_page(224, 224, 0.31, "RGB", seed=i)
-    body = bench_images.chat_body(png)
+    png = images.scan_page(224, 224, 0.31, "RGB", seed=i)
+    body = images.chat_body(png)
     body.update(max_tokens=128, logprobs=True, temperature=0.7, top_p=0.8, seed=42)
     return _http(json.dumps(body).encode(), i)
 
@@ -123,8 +117,8 @@ def _client_request(kind: str) -> Callable[[int], bytes]:
 
 def _scan_request(i: int) -> bytes:
     """A 1700 x 2200 grey page scan (PNG, ~2 MB; a 2.7 MB body), 16 tokens answered."""
-    png = bench_images.scan_page(1700, 2200, 0.025, seed=i)
-    return _http(json.dumps(bench_images.chat_body(png)).encode(), i)
+    png = images.scan_page(1700, 2200, 0.025, seed=i)
+    return _http(json.dumps(images.chat_body(png)).encode(), i)
 
 
 # workload -> (requests, the replica's recorded answer, distinct requests)
@@ -391,7 +385,7 @@ def main() -> None:
     if args.connections is None:
         args.connections = 1 if args.workload == "scan" else 64
     with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="grm-inprocess-") as work:
-        stubs = [procs.start_stub(f, i) for i in range(2)]
+        stubs = [servers.start_stub(f, i) for i in range(2)]
         uvloop.run(_run(args, [s.url for s in stubs], Path(work)))
 
 

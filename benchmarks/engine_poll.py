@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
-from replica_start import FLAGS
-
-from grm_service.tiny_models import ensure_tiny_model
+from harness import cpu, procs, servers
 
 
 def one_gap(proc: procs.Proc, gap: float, requests: int) -> tuple[float, float, list[float]]:
     """(wall s, the replica's CPU s, each request's latency s)."""
-    cpu = procs.cpu_seconds(proc.pid)
+    before = cpu.cpu_seconds(proc.pid)
     started = time.monotonic()
     latencies = []
     for i in range(requests):
@@ -41,17 +35,15 @@ def one_gap(proc: procs.Proc, gap: float, requests: int) -> tuple[float, float, 
         latencies.append(time.monotonic() - sent)
         assert status == 200, status
         time.sleep(gap)
-    return time.monotonic() - started, procs.cpu_seconds(proc.pid) - cpu, latencies
+    return time.monotonic() - started, cpu.cpu_seconds(proc.pid) - before, latencies
 
 
 def one_replica(f: procs.Fleet, tmp: Path, busy_loop: float, gaps: list[float],
                 requests: int) -> list[str]:
     """A fresh replica with `GRM_CPU_WORKER_BUSY_LOOP_S=busy_loop`: one table row per gap."""
-    model = ensure_tiny_model("text")
     port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "backend", "--model", str(model),
-            "--port", str(port), *FLAGS, "--work-dir", str(tmp / f"work-{port}"), "--",
-            "--enforce-eager"]
+    argv = servers.backend_argv(servers.tiny_model(), port, tmp / f"work-{port}",
+                                ["--enforce-eager"])
     proc = f.spawn(f"poll-{busy_loop:g}", argv, f"http://127.0.0.1:{port}",
                    env={"GRM_CACHE_DIR": str(tmp / "cache"), "VLLM_CPU_OMP_THREADS_BIND": "0",
                         "GRM_CPU_WORKER_BUSY_LOOP_S": str(busy_loop)})
@@ -60,9 +52,9 @@ def one_replica(f: procs.Fleet, tmp: Path, busy_loop: float, gaps: list[float],
         one_gap(proc, 0.0, 3)  # warm-up
         rows = []
         for gap in gaps:
-            wall, cpu, latencies = one_gap(proc, gap, requests)
-            rows.append(f"| {busy_loop:g} | {gap:g} | {wall:.1f} | {cpu:.1f} | "
-                        f"{cpu / requests:.2f} | {cpu / wall:.2f} | "
+            wall, used, latencies = one_gap(proc, gap, requests)
+            rows.append(f"| {busy_loop:g} | {gap:g} | {wall:.1f} | {used:.1f} | "
+                        f"{used / requests:.2f} | {used / wall:.2f} | "
                         f"{statistics.median(latencies) * 1e3:.0f} | "
                         f"{max(latencies) * 1e3:.0f} |")
         return rows

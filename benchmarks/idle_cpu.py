@@ -12,7 +12,7 @@ keeper), and what that adds per request at 1,000 req/s.
 With `--before DIR` or `--tree NAME=DIR` (a folder holding another `grm_service`) or
 `--variant` (this tree with one more environment variable, e.g.
 `nohealth=GRM_HEALTH_INTERVAL_S=1000`), every contender runs
-at once and each is measured in turn, `--rounds` times, the order reversed every other round:
+at once and each is measured in turn, `--rounds` times, in `rounds.order`:
 one row per contender and worker count, its rounds and their mean. A `/proc` CPU tick is 10 ms,
 so one 10 s window reads to 1 ms/s.
 
@@ -24,14 +24,11 @@ figure holds those requests' CPU too, and the contenders compare side by side.
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness import procs, rounds, servers
 
 
 def _contenders(args: argparse.Namespace) -> dict[str, tuple[Path | None, dict[str, str]]]:
@@ -54,7 +51,7 @@ def _contenders(args: argparse.Namespace) -> dict[str, tuple[Path | None, dict[s
 
 def _one_at_a_time(f: procs.Fleet, backends: list[str], n: int,
                    args: argparse.Namespace) -> list[str]:
-    gw = procs.start_grm(f, backends, f"idle-w{n}", extra=["--workers", str(n)])
+    gw = servers.start_grm(f, backends, f"idle-w{n}", extra=["--workers", str(n)])
     time.sleep(args.settle)
     before = gw.cpu()
     time.sleep(args.seconds)
@@ -82,14 +79,13 @@ def _trickle(url: str, rate: float, seconds: float) -> threading.Thread:
 
 def _side_by_side(f: procs.Fleet, backends: list[str], n: int,
                   args: argparse.Namespace) -> list[str]:
-    gws = {name: procs.start_grm(f, backends, f"idle-{name.replace(' ', '-')}-w{n}", src=src,
+    gws = {name: servers.start_grm(f, backends, f"idle-{name.replace(' ', '-')}-w{n}", src=src,
                                  extra=["--workers", str(n)], env_extra=env)
            for name, (src, env) in _contenders(args).items()}
     time.sleep(args.settle)
     seen: dict[str, list[float]] = {name: [] for name in gws}
     for r in range(args.rounds):
-        order = list(gws.items())
-        for name, gw in order if r % 2 == 0 else reversed(order):
+        for name, gw in rounds.order(list(gws.items()), r):
             before = gw.cpu()
             load = _trickle(gw.url, args.trickle, args.seconds) if args.trickle else None
             time.sleep(args.seconds)
@@ -122,7 +118,7 @@ def main() -> None:
         raise SystemExit("--trickle compares contenders: give --before, --tree or --variant")
     rows = []
     with procs.fleet() as f:
-        backends = [procs.start_stub(f, i).url for i in range(args.replicas)]
+        backends = [servers.start_stub(f, i).url for i in range(args.replicas)]
         for n in args.workers:
             rows += (_side_by_side if paired else _one_at_a_time)(f, backends, n, args)
     if paired:

@@ -22,14 +22,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import uvloop
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness import cpu, procs, servers
 
 
 @dataclass
@@ -53,10 +49,7 @@ class RssSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def read_kib(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+        return cpu.rss_kib(self.pid)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -127,20 +120,6 @@ class Limits:
                 "GRM_MAX_QUEUE": str(self.queue), "GRM_QUEUE_TIMEOUT_S": str(self.queue_timeout_s)}
 
 
-def start_gateway(f: procs.Fleet, backends: list[str], limits: Limits) -> procs.Proc:
-    port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--served-model-name", procs.STUB_MODEL, "--log-level", "warning",
-            "--serialize", "off"]
-    for url in backends:
-        argv += ["--replica-url", url]
-    # Audits re-run requests on another replica: off, so every backend call is a client's.
-    env = {"PYTHONPATH": str(procs.REPO), "GRM_AUDIT_FRACTION": "0", **limits.env()}
-    proc = f.spawn("grm-overload", argv, f"http://127.0.0.1:{port}", env=env)
-    procs.wait_ready(proc, "/ready")
-    return proc
-
-
 @dataclass
 class Row:
     outcome: Outcome
@@ -153,8 +132,10 @@ class Row:
 
 def one_run(args: argparse.Namespace, limits: Limits) -> Row:
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i, delay=args.delay) for i in range(args.replicas)]
-        gw = start_gateway(f, [s.url for s in stubs], limits)
+        stubs = [servers.start_stub(f, i, delay=args.delay) for i in range(args.replicas)]
+        # Audits re-run requests on another replica: off, so every backend call is a client's.
+        gw = servers.start_grm(f, [s.url for s in stubs], "grm-overload",
+                               env_extra={"GRM_AUDIT_FRACTION": "0", **limits.env()})
         uvloop.run(drive(gw.url, 64, 8))  # warm: imports, connection pools, first allocations
         gw_cpu, client_cpu = gw.cpu(), _own_cpu()
         with RssSampler(gw.pid) as rss:

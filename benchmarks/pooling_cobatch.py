@@ -40,7 +40,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import procs
+from harness import procs
 
 from grm_service.tiny_models import ensure_tiny_model
 

@@ -23,17 +23,13 @@ import argparse
 import collections
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu, loadgen, procs, servers
+from harness.procs import RESULTS
 
-import loadgen
-import procs
-
-RESULTS = Path(__file__).resolve().parent / "results"
 PY_SPY = procs.PEERS_BIN / "py-spy"
 
 # First match wins; ordered from the most specific.
@@ -133,10 +129,10 @@ def summarize(*raws: Path, top: int = 25, native: bool = False) -> str:
 
 def _busiest(pid: int) -> int:
     """The descendant of `pid` that used the most CPU in the next second (a busy worker)."""
-    pids = procs.descendants(pid)
-    before = {p: procs.cpu_seconds(p) for p in pids}
+    pids = cpu.descendants(pid)
+    before = {p: cpu.cpu_seconds(p) for p in pids}
     time.sleep(1.0)
-    return max(pids, key=lambda p: procs.cpu_seconds(p) - before[p])
+    return max(pids, key=lambda p: cpu.cpu_seconds(p) - before[p])
 
 
 def main() -> None:
@@ -162,9 +158,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{args.out or f'profile-c{args.concurrency}'}.txt"
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i, fast=args.fast_stubs) for i in range(args.replicas)]
+        stubs = [servers.start_stub(f, i, fast=args.fast_stubs) for i in range(args.replicas)]
         extra = ["--workers", str(args.workers)] if args.workers > 1 else []
-        grm = procs.start_grm(f, [s.url for s in stubs], src=args.src, extra=extra)
+        grm = servers.start_grm(f, [s.url for s in stubs], src=args.src, extra=extra)
         load = loadgen.Load(args.concurrency, args.seconds + 4)
         loadgen.run_split([grm.url], loadgen.Load(args.concurrency, 2))  # warm-up
         result: list[loadgen.Result] = []

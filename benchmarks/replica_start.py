@@ -25,31 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness import cpu, procs, servers
 
 from grm_service.engines.base import ReplicaSpec
-from grm_service.tiny_models import ensure_tiny_model
 
 VARIANTS = ("cold", "inductor-per-start", "shared")
 
-# The suite's flags (tests/support/engines.py): float32, a short context, no compile.
-FLAGS = ["--engine", "vllm-cpu", "--dtype", "float32", "--max-model-len", "512",
-         "--served-model-name", "tiny"]
 
-
-def start_once(f: procs.Fleet, model: Path, env: dict[str, str], work: Path, name: str,
+def start_once(f: procs.Fleet, model: str, env: dict[str, str], work: Path, name: str,
                engine_args: list[str]) -> tuple[float, float, float]:
     """Seconds to /health, seconds of the first answer, CPU seconds by then."""
     port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "backend", "--model", str(model),
-            "--port", str(port), *FLAGS, "--work-dir", str(work / name), "--", *engine_args]
+    argv = servers.backend_argv(model, port, work / name, engine_args)
     started = time.monotonic()
     proc = f.spawn(name, argv, f"http://127.0.0.1:{port}", env=env)
     procs.wait_ready(proc, "/health", timeout=600)
@@ -61,11 +52,11 @@ def start_once(f: procs.Fleet, model: Path, env: dict[str, str], work: Path, nam
     first = time.monotonic() - asked
     if status != 200:
         raise RuntimeError(f"first request answered {status}:\n{proc.tail()}")
-    cpu = procs.cpu_seconds(proc.pid, reaped=True)
+    used = cpu.cpu_seconds(proc.pid, reaped=True)
     proc.stop()
     # The backend became the engine, so its temp dir is left for the next start to sweep.
     ReplicaSpec(name="r0", index=0, port=port, work_dir=work / name / "r0").sweep_stale_tmp()
-    return wall, first, cpu
+    return wall, first, used
 
 
 def variant_env(variant: str, root: Path, i: int) -> dict[str, str]:
@@ -84,7 +75,7 @@ def main() -> None:
                         help="without --enforce-eager: vLLM compiles the model")
     parser.add_argument("engine_args", nargs="*", help="more engine args (after --)")
     args = parser.parse_args()
-    model = ensure_tiny_model("text")
+    model = servers.tiny_model()
     engine_args = ([] if args.compiled else ["--enforce-eager"]) + args.engine_args
     rows = []
     with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="grm-start-") as tmp:

@@ -10,7 +10,7 @@ another (at most two engines at a time):
   once); replica r1 SIGKILLed before step `--kill-step`, restarted by the service's keeper and
   ready again before step `--back-step`.
 * plain A / plain B: the same two loads against plain vLLM replicas behind a round-robin proxy
-  (plain_lb.py): no injected seed, co-batching on, the same judge prompt, one request per
+  (curves/plain.py): no injected seed, co-batching on, the same judge prompt, one request per
   completion (1, then 16 in flight); in B replica 1 is killed and started again the same way.
 
 The judge samples (temperature 1, top_p 1): the tiny judge answers noise, so its score is the
@@ -20,7 +20,7 @@ across loads; sampling without a seed is what a plain deployment does, and it is
 answers depend on which requests ran together and on which replica.
 
 With `--repeat-on-same-gateway`, grm A runs twice against one gateway kept up, and the second
-run shows what the ledger's cache answered (curves_cache.py).
+run shows what the ledger's cache answered (curves/cache.py).
 
 Every reward of every step is recorded (float bits, `float.hex`), with a digest of the step's
 completions (the policy's output: it stays equal as long as every earlier reward was equal).
@@ -34,24 +34,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import curves_cache
-import curves_report
-import curves_train
-import plain_lb
-import procs
+from curves import cache, plain, report, train
+from harness import procs, servers
+from harness.procs import RESULTS
 
 from grm_service.integrations.trl import grm_reward
 
-RESULTS = Path(__file__).resolve().parent / "results"
 JUDGE_OPTIONS = {"pattern": r"(\d)", "min": 0, "max": 9}
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 32}
 
@@ -66,53 +58,34 @@ class Load:
 
 LOADS = {"A": Load(1, 1, 1, False), "B": Load(2, 16, 1, True)}
 SETUPS = ("grm A", "grm B", "plain A", "plain B")
-REPEATED = "grm A"  # --repeat-on-same-gateway runs it twice (curves_cache.py)
-
-
-def judge_model(python: Path) -> str:
-    out = subprocess.run([str(python), "-m", "grm_service.tiny_models", "text"], check=True,
-                         capture_output=True, text=True, cwd=procs.REPO,
-                         env={"PYTHONPATH": str(procs.REPO), "PATH": "/usr/bin:/bin"}).stdout
-    return out.strip().splitlines()[-1].strip()
+REPEATED = "grm A"  # --repeat-on-same-gateway runs it twice (curves/cache.py)
 
 
 def start_grm(f: procs.Fleet, python: Path, model: str, load: Load, work: Path) -> procs.Proc:
-    port = procs.free_port()
-    argv = [str(python), "-m", "grm_service.cli", "serve", "--model", model,
-            "--replicas", str(load.replicas), "--engine", "vllm-cpu", "--dtype", "float32",
-            "--max-model-len", "512", "--port", str(port), "--served-model-name",
-            plain_lb.SERVED, "--log-level", "warning", "--work-dir", str(work),
-            "--", "--enforce-eager"]
-    proc = f.spawn(f"curves-grm-{load.replicas}", argv, f"http://127.0.0.1:{port}",
-                   env={"PYTHONPATH": str(procs.REPO)})
-    procs.wait_ready(proc, "/ready", timeout=600)
-    curves_train.wait_for(lambda: all(r["state"] == "ready" for r in replicas(proc.url)),
-                          "every replica ready", 600)
+    proc = servers.start_service(f, f"curves-grm-{load.replicas}", model, load.replicas,
+                                 served=plain.SERVED, flags=["--work-dir", str(work)],
+                                 python=python, timeout=600)
+    servers.all_ready(proc.url, 600)
     return proc
 
 
-def replicas(url: str) -> list[dict[str, Any]]:
-    _, raw = procs.http_get(url + "/ready")
-    return list(json.loads(raw)["replicas"]) if raw else []
-
-
-class GrmRestart(curves_train.Disruption):
+class GrmRestart(train.Disruption):
     """SIGKILL replica r1's process group; the service's keeper starts it again."""
 
     def __init__(self, url: str) -> None:
         self.url = url
 
     def kill(self) -> None:
-        victim = next(r for r in replicas(self.url) if r["name"] == "r1")
-        curves_train.kill_group(int(victim["pid"]))
+        victim = next(r for r in servers.replicas(self.url) if r["name"] == "r1")
+        procs.kill_group(int(victim["pid"]))
 
     def back(self) -> None:
-        curves_train.wait_for(
+        procs.wait_for(
             lambda: any(r["name"] == "r1" and r["state"] == "ready" and r["restarts"] >= 1
-                        for r in replicas(self.url)), "r1 restarted and ready", 600)
+                        for r in servers.replicas(self.url)), "r1 restarted and ready", 600)
 
 
-class PlainRestart(curves_train.Disruption):
+class PlainRestart(train.Disruption):
     """SIGKILL plain replica 1 and start it again on its port, as a supervisor would."""
 
     def __init__(self, f: procs.Fleet, python: Path, model: str, victim: procs.Proc) -> None:
@@ -120,10 +93,9 @@ class PlainRestart(curves_train.Disruption):
         self.fresh: procs.Proc | None = None
 
     def kill(self) -> None:
-        curves_train.kill_group(self.victim.pid)
-        self.victim.popen.wait()
+        self.victim.kill()
         port = int(self.victim.url.rsplit(":", 1)[1])
-        self.fresh = plain_lb.start_vllm(self.f, self.python, self.model, 1, port, "restarted")
+        self.fresh = plain.start_vllm(self.f, self.python, self.model, 1, port, "restarted")
 
     def back(self) -> None:
         assert self.fresh is not None
@@ -131,7 +103,7 @@ class PlainRestart(curves_train.Disruption):
 
 
 def run_grm(args: argparse.Namespace, model: str, load: Load,
-            repeat: bool = False) -> tuple[curves_train.Curve, curves_cache.Repeat | None]:
+            repeat: bool = False) -> tuple[train.Curve, cache.Repeat | None]:
     """One run; with `repeat`, a second identical one against the same gateway and ledger."""
     with procs.fleet() as f, tempfile.TemporaryDirectory(prefix="curves-") as work:
         gw = start_grm(f, args.engine_python, model, load, Path(work))
@@ -140,27 +112,27 @@ def run_grm(args: argparse.Namespace, model: str, load: Load,
                             name="judge")
         disruption = GrmRestart(gw.url) if load.restart else None
         if not repeat:
-            return curves_train.train(reward, args, disruption), None
-        engines = [r["url"] for r in replicas(gw.url)]
-        first, again = curves_cache.repeat(
-            gw.url, engines, lambda: curves_train.train(reward, args, disruption).steps,
-            lambda: curves_train.train(reward, args, None).steps)
-        return curves_train.Curve(first), again
+            return train.train(reward, args, disruption), None
+        engines = [str(r["url"]) for r in servers.replicas(gw.url)]
+        first, again = cache.repeat(
+            gw.url, engines, lambda: train.train(reward, args, disruption).steps,
+            lambda: train.train(reward, args, None).steps)
+        return train.Curve(first), again
 
 
-def run_plain(args: argparse.Namespace, model: str, load: Load) -> curves_train.Curve:
+def run_plain(args: argparse.Namespace, model: str, load: Load) -> train.Curve:
     with procs.fleet() as f:
-        engines = [plain_lb.start_vllm(f, args.engine_python, model, i)
+        engines = [plain.start_vllm(f, args.engine_python, model, i)
                    for i in range(load.replicas)]
         for proc in engines:
             procs.wait_ready(proc, "/health", timeout=600)
-        lb = plain_lb.RoundRobin([p.url for p in engines])
+        lb = plain.RoundRobin([p.url for p in engines])
         try:
-            reward = plain_lb.PlainJudge(lb.url, JUDGE_OPTIONS, SAMPLING,
-                                         load.batch_size * load.concurrency)
+            reward = plain.PlainJudge(lb.url, JUDGE_OPTIONS, SAMPLING,
+                                      load.batch_size * load.concurrency)
             disruption = (PlainRestart(f, args.engine_python, model, engines[1])
                           if load.restart else None)
-            return curves_train.train(reward, args, disruption)
+            return train.train(reward, args, disruption)
         finally:
             lb.close()
 
@@ -175,7 +147,7 @@ def main() -> int:
                         help="the interpreter with vllm-cpu and grm-service (default .venv)")
     parser.add_argument("--repeat-on-same-gateway", action="store_true",
                         help=f"run {REPEATED!r} a second time against the same gateway and "
-                        "ledger, and count what its cache answered (curves_cache.py)")
+                        "ledger, and count what its cache answered (curves/cache.py)")
     parser.add_argument("--out", type=Path, default=RESULTS / "reward_curves.json")
     parser.add_argument("--add", action="store_true",
                         help="keep the other setups' runs already in --out")
@@ -183,12 +155,12 @@ def main() -> int:
                         help="print the table and draw the plot of an earlier run's JSON")
     args = parser.parse_args()
     if args.replot:
-        curves_report.report(json.loads(args.replot.read_text()), args.replot)
+        report.report(json.loads(args.replot.read_text()), args.replot)
         return 0
-    model = judge_model(args.engine_python)
+    model = servers.tiny_model(python=args.engine_python)
     data = {"sampling": SAMPLING, "judge_options": JUDGE_OPTIONS, "steps": args.steps,
             "kill_step": args.kill_step, "back_step": args.back_step,
-            "trainer": curves_train.TRAINER_ARGS, "runs": {}}
+            "trainer": train.TRAINER_ARGS, "runs": {}}
     if args.add and args.out.exists():
         kept = json.loads(args.out.read_text())
         data["runs"] = kept["runs"]
@@ -212,7 +184,7 @@ def main() -> int:
             data["repeat"] = {"first": again.first, "second": again.second}
         args.out.write_text(json.dumps(data, indent=1) + "\n")  # after each: a crash keeps some
         print(f"{name}: {len(curve.steps)} steps", flush=True)
-    curves_report.report(data, args.out)
+    report.report(data, args.out)
     return 0
 
 

@@ -26,19 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from harness import cpu, procs, servers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
-
-PY = sys.executable
 BOUND = 0.10
 
 
@@ -61,36 +56,6 @@ class Sample:
     ok: int
     lost: int
     restart: bool
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def start_stub(f: procs.Fleet, name: str, port: int, src: Path) -> procs.Proc:
-    argv = [PY, str(procs.REPO / "benchmarks" / "stub_server.py"), "--port", str(port),
-            "--delay", "0.02"]  # requests overlap at the replica, as generations do
-    proc = f.spawn(name, argv, f"http://127.0.0.1:{port}", env={"PYTHONPATH": str(src)})
-    procs.wait_ready(proc, "/health")
-    return proc
-
-
-def start_gateway(f: procs.Fleet, urls: list[str], src: Path) -> procs.Proc:
-    port = procs.free_port()
-    argv = [PY, "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
-    for url in urls:
-        argv += ["--replica-url", url]
-    proc = f.spawn("soak-gateway", argv, f"http://127.0.0.1:{port}", env={"PYTHONPATH": str(src)})
-    procs.wait_ready(proc, "/ready")
-    return proc
 
 
 async def burst(url: str, concurrency: int, seconds: float, tally: Tally, serial: list[int]
@@ -117,18 +82,22 @@ async def burst(url: str, concurrency: int, seconds: float, tally: Tally, serial
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
 
 
+def start_stub(f: procs.Fleet, index: int, src: Path, port: int | None = None) -> procs.Proc:
+    """A STUB replica of `src`'s grm_service; its answers wait 0.02 s, so requests overlap at
+    the replica as generations do."""
+    return servers.start_stub(f, index, 0.02, port=port, src=src, name=f"soak-stub{index}")
+
+
 def restart(f: procs.Fleet, stubs: list[procs.Proc], index: int, src: Path) -> None:
     old = stubs[index]
-    os.killpg(old.pid, signal.SIGKILL)
-    old.popen.wait()
+    old.kill()
     f.procs.remove(old)
-    port = int(old.url.rsplit(":", 1)[1])
-    stubs[index] = start_stub(f, old.name, port, src)
+    stubs[index] = start_stub(f, index, src, int(old.url.rsplit(":", 1)[1]))
 
 
 async def soak(args: argparse.Namespace, f: procs.Fleet, src: Path) -> list[Sample]:
-    stubs = [start_stub(f, f"soak-stub{i}", procs.free_port(), src) for i in range(2)]
-    gateway = start_gateway(f, [s.url for s in stubs], src)
+    stubs = [start_stub(f, i, src) for i in range(2)]
+    gateway = servers.start_grm(f, [s.url for s in stubs], "soak-gateway", src, serialize=None)
     tally, serial, samples = Tally(), [0], []
     start = time.monotonic()
     next_restart, restarts = start + args.restart_every_s, 0
@@ -148,8 +117,9 @@ async def soak(args: argparse.Namespace, f: procs.Fleet, src: Path) -> list[Samp
         else:
             await load
         await asyncio.sleep(args.gap_s)
-        sample = Sample(time.monotonic() - start, rss_mib(gateway.pid), open_fds(gateway.pid),
-                        tally.ok, tally.lost, restarting)
+        sample = Sample(time.monotonic() - start, cpu.rss_kib(gateway.pid) / 1024,
+                        len(os.listdir(f"/proc/{gateway.pid}/fd")), tally.ok, tally.lost,
+                        restarting)
         samples.append(sample)
         print(f"| {sample.at_s:.0f} | {sample.rss_mib:.1f} | {sample.fds} | {sample.ok} | "
               f"{sample.lost} | {'yes' if restarting else ''} |", flush=True)

@@ -20,9 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness.cpu import stat_fields
 
 # (class, any of these in the command line), first match wins.
 CLASSES = [
@@ -50,7 +48,7 @@ class Seen:
 
 def read(pid: int) -> tuple[Key, Seen] | None:
     try:
-        fields = procs.stat_fields(pid)
+        fields = stat_fields(pid)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:

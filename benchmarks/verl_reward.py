@@ -16,33 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procs
+from harness import procs, rounds, servers
 
 from grm_service.client import GrmClient
 from grm_service.integrations import verl
 
 SCORERS = "trainer=tests.support.scoring:trainer_score"
-
-
-def start_gateway(f: procs.Fleet, backends: list[str]) -> procs.Proc:
-    port = procs.free_port()
-    argv = [str(procs.MAIN_PY), "-m", "grm_service.cli", "serve", "--port", str(port),
-            "--served-model-name", procs.STUB_MODEL, "--log-level", "warning"]
-    for url in backends:
-        argv += ["--replica-url", url]
-    env = {"PYTHONPATH": str(procs.REPO), "GRM_SCORERS": SCORERS}
-    proc = f.spawn("grm-service", argv, f"http://127.0.0.1:{port}", env=env)
-    procs.wait_ready(proc, "/ready")
-    return proc
 
 
 def samples(n: int) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -92,13 +75,14 @@ def main() -> None:
     ways = [("client per sample", client_per_sample), ("async, shared client", async_shared),
             ("one batch", one_batch)]
     with procs.fleet() as f:
-        stubs = [procs.start_stub(f, i) for i in range(2)]
-        gateway = start_gateway(f, [s.url for s in stubs])
-        print(f"{args.samples} samples, {args.runs} runs, median (min-max) seconds")
+        stubs = [servers.start_stub(f, i) for i in range(2)]
+        gateway = servers.start_grm(f, [s.url for s in stubs], serialize=None,
+                                    env_extra={"GRM_SCORERS": SCORERS})
+        print(f"{args.samples} samples, {args.runs} runs, median [min-max] seconds")
         print(f"{'way':24} {'seconds':>22}")
         for name, run in ways:
             t = timed(run, gateway.url, args.samples, args.runs)
-            print(f"{name:24} {statistics.median(t):>10.3f} ({min(t):.3f}-{max(t):.3f})")
+            print(f"{name:24} {rounds.spread(t, '.3f'):>22}")
     print(f"rerun: .venv/bin/python benchmarks/verl_reward.py --samples {args.samples} "
           f"--runs {args.runs}")
 

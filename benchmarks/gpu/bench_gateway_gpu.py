@@ -539,8 +539,9 @@ def main() -> None:
             shape = (["--fast", "--delay", str(args.stub_delay)]
                      + ([] if args.stub_logprobs is None
                         else ["--logprobs", str(args.stub_logprobs)]))
-            stub = spawn(procs, "stub", [sys.executable, str(HERE.parent / "stub_server.py"),
-                                         "--port", str(port), *shape], port)
+            stub_server = HERE.parent / "harness" / "stub_server.py"
+            stub = spawn(procs, "stub", [sys.executable, str(stub_server), "--port", str(port),
+                                         *shape], port)
             time.sleep(2)
             # A stub proves no batch invariance: the gateway would serialize it.
             vl = gateway(procs, "gw-vl", ["--replica-url", stub.url, "--served-model-name",

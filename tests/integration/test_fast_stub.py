@@ -1,5 +1,5 @@
-"""The benchmarks' fast stub (`benchmarks/stub_server.py --fast`) answers the engine routes with
-the stub app's bytes, so a run on it measures the gateway on the same answers."""
+"""The benchmarks' fast stub (`benchmarks/harness/stub_server.py --fast`) answers the engine
+routes with the stub app's bytes, so a run on it measures the gateway on the same answers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ BODY = json.dumps({"model": "rm", "messages": [{"role": "user", "content": "hél
 
 @contextmanager
 def _stub(*flags: str) -> Iterator[int]:
-    with subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "stub_server.py"),
+    with subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "harness" / "stub_server.py"),
                            "--port", "0", *flags], stdout=subprocess.PIPE,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}) as proc:
         try:

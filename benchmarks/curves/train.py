@@ -7,13 +7,9 @@ its own, as tests/trainers does: the engines' venv writes models with a newer tr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
-import os
-import signal
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,20 +62,6 @@ class Recorded:
         self.curve.steps.append({"completions": digest,
                                  "rewards": [None if r is None else float(r).hex() for r in out]})
         return out
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def wait_for(ready: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"not {what} after {timeout:.0f} s")
 
 
 def policy() -> Path:

@@ -96,8 +96,3 @@ def write(kind: str, model: str) -> Path:
         f.write(b"\0".join(blocks))
     return Path(f.name)
 
-
-if __name__ == "__main__":
-    for kind in KINDS[1:]:
-        for headers, body in requests(kind, "rm")[:1]:
-            print(f"{kind}: {len(body)} bytes, {len(headers)} headers\n{body.decode()}\n")

@@ -2,25 +2,21 @@
 
 Each run is limited in time (`-d`) and in count (a per-thread request budget in loadgen.lua).
 `run_split` drives several targets at once (one wrk each, connections split evenly) and merges
-them, which is how the "direct" floor hits every stub replica.
-
-    python benchmarks/loadgen.py http://127.0.0.1:8000 -c 64 -d 5
+them, which is how the "direct" floor hits every stub replica. wrk's own CPU is counted from
+this process's reaped children.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import resource
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import bodies
+from . import bodies
 
 LUA = Path(__file__).with_name("loadgen.lua")
 PATH = "/v1/chat/completions"
@@ -143,34 +139,3 @@ def _cdf_at(table: list[tuple[float, float]], x: float) -> float:
             return (prev_p + (p - prev_p) * ((x - prev_v) / span if span else 1.0)) / 100
         prev_p, prev_v = p, v
     return 1.0
-
-
-def _target(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("url", nargs="+", help="base url(s); several split the connections")
-    parser.add_argument("-c", "--connections", type=int, default=16)
-    parser.add_argument("-d", "--duration", type=float, default=5.0)
-    parser.add_argument("-n", "--max-requests", type=int, default=2_000_000)
-    parser.add_argument("--keys", type=int, default=256)
-    parser.add_argument("--model", default="rm")
-    parser.add_argument("--pin", default="", help="x-grm-pin-replica header value")
-    parser.add_argument("--body", choices=bodies.KINDS, default="short",
-                        help="the requests sent (bodies.py)")
-    args = parser.parse_args()
-    load = Load(args.connections, args.duration, args.keys, args.max_requests, args.model,
-                args.pin, args.body)
-    res = run_split([_target(u) for u in args.url], load)
-    sys.stdout.write(
-        f"{'req/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>7} {'wrk cpu s':>9}\n"
-        f"{res.rps:>10.0f} {res.pct_ms(50):>8.3f} {res.pct_ms(90):>8.3f} {res.pct_ms(99):>8.3f} "
-        f"{res.errors:>7d} {res.loadgen_cpu_s:>9.2f}\n")
-
-
-if __name__ == "__main__":
-    main()

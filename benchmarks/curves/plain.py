@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import procs
+from harness import procs
 
 from grm_service.engine_side import compat
 from grm_service.integrations.trl import TRAINER_KWARGS, Job, to_items

@@ -12,7 +12,7 @@ ledger, failover, breakers, per-replica gates, the audit, the identity's admissi
 and the layers the gateway is built of (uvicorn's protocol, FastAPI beside the hot path) cost is
 grm-service's CPU per request minus this one's, in the same run.
 
-    python benchmarks/lean_proxy.py --port 0 --backend-url URL [--backend-url URL ...]
+    python benchmarks/harness/lean_proxy.py --port 0 --backend-url URL [--backend-url URL ...]
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ sockets as the gateway, so `bench_images.py` can set its CPU per request beside 
 No JSON parse, no canonical form, no checks, no fingerprint: a lower bound for any proxy that
 routes and digests the body it forwards, not a design.
 
-    python benchmarks/byte_floor.py --port 0 --backend-url URL
+    python benchmarks/harness/byte_floor.py --port 0 --backend-url URL
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ gateway workers share a machine with the stubs (benchmarks/gpu), the app's per-r
 `--logprobs N` (with `--fast`): every chat answer is one OCR answer of N tokens with logprobs
 (`logprobs_answer`), the size and shape of what a VL replica sends back for goal 2's workload.
 
-    python benchmarks/stub_server.py --port 0 [--delay S] [--fast [--logprobs N]]  # prints PORT n
+    python benchmarks/harness/stub_server.py --port 0 [--delay S] [--fast [--logprobs N]]
+
+It prints `PORT n` once it listens.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import procs
-from prometheus_client.parser import text_string_to_metric_families
+from harness import procs
+from harness.servers import metric_total
 
 # (sample name, labels it must carry) of each figure.
 GATEWAY = {
@@ -50,18 +50,12 @@ class Repeat:
     second: dict[str, float]
 
 
-def total(text: str, name: str, labels: dict[str, str]) -> float:
-    return math.fsum(s.value for family in text_string_to_metric_families(text)
-                     for s in family.samples
-                     if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
 def scrape(url: str, figures: dict[str, tuple[str, dict[str, str]]]) -> dict[str, float]:
     status, raw = procs.http_get(url + "/metrics", timeout=10)
     if status != 200:
         raise RuntimeError(f"{url}/metrics answered {status}")
     text = raw.decode()
-    return {key: total(text, name, labels) for key, (name, labels) in figures.items()}
+    return {key: metric_total(text, name, labels) for key, (name, labels) in figures.items()}
 
 
 def counters(gateway: str, engines: list[str]) -> dict[str, float]:

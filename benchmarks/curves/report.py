@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import curves_cache
+from . import cache
 
 PAIRS = (("grm A", "grm B"), ("plain A", "plain B"))
 STYLES = {"grm A": ("tab:blue", "-", "o"), "grm A again": ("tab:green", ":", "."),
@@ -106,7 +106,7 @@ def report(data: dict[str, Any], source: Path) -> None:
     runs = data["runs"]
     print("\n".join(table(runs)))
     print()
-    print("\n".join(verdicts(runs) + curves_cache.lines(data)))
+    print("\n".join(verdicts(runs) + cache.lines(data)))
     png = source.with_suffix(".png")
     if plot(data, png):
         print(f"plot: {png}")
