@@ -113,9 +113,9 @@ def build_vit_h14(out: Path) -> None:
     import torch
     from transformers import CLIPConfig, CLIPModel
 
-    from grm_service import tiny_dual
+    from grm_service import tiny_dual, tiny_models
 
-    tokenizer = tiny_dual._tokenizer()
+    tokenizer = tiny_dual._tokenizer(tiny_models.training_corpus(2000))
     ids = tiny_dual._ids(tokenizer)
     text = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
             "num_attention_heads": 16, "max_position_embeddings": 77, "projection_dim": 1024,

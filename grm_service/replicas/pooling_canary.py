@@ -48,9 +48,9 @@ _WORDS = ("a", "red", "cat", "sat", "on", "the", "blue", "mat", "by", "an", "old
 
 
 def _texts(n: int, tag: str) -> list[str]:
-    """Distinct texts of 3 to 24 words, so the co-batched run mixes shapes."""
+    """Distinct texts of 3 to 17 words, so the co-batched run mixes shapes."""
     return [f"{tag} {i}: " + " ".join(_WORDS[(i + j) % len(_WORDS)]
-                                      for j in range(3 + 3 * (i % 8)))
+                                      for j in range(3 + 2 * (i % 8)))
             for i in range(n)]
 
 
