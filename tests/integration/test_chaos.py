@@ -94,7 +94,7 @@ async def _kill_when(client: httpx.AsyncClient, run: Run, after: int, victim: st
     pid = await _ready_pid(client, victim)
     if group is not None:  # its comparisons go out beside the chat requests, then the kill
         run.group = asyncio.create_task(client.post("/v1/score", json=group))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.005)  # sent; the kill need not wait for its comparisons
         run.group_done_at_kill = run.group.done()
     run.done_at_kill = len(run.answers) + len(run.failures)
     # The replica's pid leads its own process group (the reaper, vLLM and its workers).
