@@ -51,6 +51,13 @@ def start_stub(f: Fleet, index: int, delay: float = 0.0, fast: bool = False,
     return proc
 
 
+def replica_flag(tree: Path) -> str:
+    """The attach flag `tree`'s gateway knows: trees before the rename (no config_renames.py)
+    know `--backend-url` alone, and later ones still accept it with a warning."""
+    renamed = (tree / "grm_service" / "config_renames.py").exists()
+    return "--replica-url" if renamed else "--backend-url"
+
+
 def start_grm(f: Fleet, backends: list[str], name: str = "grm-service",
               src: Path | None = None, extra: list[str] | None = None,
               env_extra: dict[str, str] | None = None, serialize: str | None = "off") -> Proc:
@@ -64,8 +71,9 @@ def start_grm(f: Fleet, backends: list[str], name: str = "grm-service",
             "--log-level", "warning", "--work-dir", str(LOG_DIR / f"work-{name}-{port}")]
     if serialize is not None:
         argv += ["--serialize", serialize]
+    flag = replica_flag(src or REPO)
     for url in backends:
-        argv += ["--replica-url", url]
+        argv += [flag, url]
     env = {"PYTHONPATH": pythonpath(src or REPO), **(env_extra or {})}
     proc = f.spawn(name, argv + (extra or []), f"http://127.0.0.1:{port}", env=env)
     wait_ready(proc, "/ready")
