@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import httpx
 
+from grm_service import tiny_dual, tiny_models
 from grm_service.config import SerializeMode, Settings
 from grm_service.engine_side.identity import ReplicaIdentity
 from grm_service.engines import Capabilities
@@ -154,8 +154,9 @@ async def test_an_embedding_model_is_probed_on_embeddings_with_texts_and_images(
 
 async def test_every_probe_fits_the_shortest_context_of_a_pooling_model() -> None:
     """SigLIP reads 64 tokens: an engine refuses a longer input (400), and a replica whose probe
-    is refused is never admitted. Words and punctuation count a token each here, fewer than a
-    real tokenizer makes of these texts' common words."""
+    is refused is never admitted. Counted by the test models' CLIP tokenizer, whose 1,024
+    pieces split words far more than a real CLIP's or SigLIP's."""
+    tokenizer = tiny_dual._tokenizer(tiny_models.training_corpus(2000))
     seen: list[int] = []
 
     async def handle(request: httpx.Request) -> httpx.Response:
@@ -164,7 +165,7 @@ async def test_every_probe_fits_the_shortest_context_of_a_pooling_model() -> Non
             return httpx.Response(404, json={"detail": "Not Found"})
         if "input" not in body:
             return httpx.Response(400, json={"error": {"message": "text only"}})
-        tokens = len(re.findall(r"\w+|[^\w\s]", body["input"]))
+        tokens = len(tokenizer(body["input"])["input_ids"])
         seen.append(tokens)
         if tokens > 64:
             return httpx.Response(400, json={"error": {"message": "longer than 64 tokens"}})
