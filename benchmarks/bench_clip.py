@@ -1,6 +1,6 @@
 """The clip scorer's throughput: images per second through the gateway vs the replica direct.
 
-One replica (`grm-service backend`) of a CLIP model with random weights, and one gateway attached
+One replica (`grm-service replica`) of a CLIP model with random weights, and one gateway attached
 to it (`--model` the same folder: the scorer reads its logit_scale there). Each scored image is
 two embeddings (the image, its prompt) and the logit; the direct column does the same work
 against the replica itself (the logit computed here, as the scorer does). Images are real-sized
@@ -275,7 +275,7 @@ def main() -> int:
            "GRM_LEDGER_CACHE_SCORE": "false", "GRM_SCORE_CONCURRENCY": str(args.batch)}
     rport, gport = free_port(), free_port()
     py = sys.executable
-    replica = spawn([py, "-m", "grm_service.cli", "backend", "--model", str(folder),
+    replica = spawn([py, "-m", "grm_service.cli", "replica", "--model", str(folder),
                      "--port", str(rport), "--engine", engine, "--dtype", dtype,
                      "--max-model-len", "77", "--served-model-name", SERVED,
                      "--work-dir", str(logs / "replica"), "--",

@@ -1,6 +1,6 @@
 """Does a dual encoder's pooling co-batch invariantly on this engine? Bits alone vs co-batched.
 
-Against a running replica of a CLIP/SigLIP model (`grm-service backend ...`, or vLLM itself):
+Against a running replica of a CLIP/SigLIP model (`grm-service replica ...`, or vLLM itself):
 each probe (texts of several lengths, PNGs of several sizes) is embedded alone, one request at a
 time, then all at once among filler requests of other shapes, `--rounds` times in shuffled
 orders; every co-batched vector must be bitwise the one it got alone. Prints one line per kind

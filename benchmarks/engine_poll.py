@@ -2,7 +2,7 @@
 shared-memory queue for a while after each message, so a replica that gets requests spaced
 apart burns CPU while it waits.
 
-Starts one `grm-service backend` on the tiny text model with the test suite's flags, then sends
+Starts one `grm-service replica` on the tiny text model with the test suite's flags, then sends
 the same requests (8 tokens, logprobs) one at a time with a pause of each `--gaps` value between
 them, and prints per gap: the wall time, the replica's CPU (its whole process tree), that CPU
 per second of wall, and the requests' latency. One replica per value of the worker's busy loop
@@ -42,7 +42,7 @@ def one_replica(f: procs.Fleet, tmp: Path, busy_loop: float, gaps: list[float],
                 requests: int) -> list[str]:
     """A fresh replica with `GRM_CPU_WORKER_BUSY_LOOP_S=busy_loop`: one table row per gap."""
     port = procs.free_port()
-    argv = servers.backend_argv(servers.tiny_model(), port, tmp / f"work-{port}",
+    argv = servers.replica_argv(servers.tiny_model(), port, tmp / f"work-{port}",
                                 ["--enforce-eager"])
     proc = f.spawn(f"poll-{busy_loop:g}", argv, f"http://127.0.0.1:{port}",
                    env={"GRM_CACHE_DIR": str(tmp / "cache"), "VLLM_CPU_OMP_THREADS_BIND": "0",

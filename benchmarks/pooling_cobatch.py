@@ -7,7 +7,7 @@ once. A request's outputs must be bitwise the same in all three for pooling to b
 (`Capabilities.pooling_invariant`); the table gives how many of the N differ from alone, and the
 images per second of each way.
 
-By default it starts one `grm-service backend` replica of the tiny VLM reward model
+By default it starts one `grm-service replica` replica of the tiny VLM reward model
 (`tiny_models` kind `vlm-reward`) with the engine profile `--engine`, `--max-num-seqs` N, float32
 on CPU; `--url` measures a replica already running instead. On a GPU machine with vLLM:
 
@@ -95,7 +95,7 @@ def replica(engine: str, n: int, engine_env: str) -> Iterator[str]:
     port = procs.free_port()
     with tempfile.TemporaryDirectory(prefix="grm-pooling-") as work:
         dtype = ["--dtype", "float32"] if engine == "vllm-cpu" else []
-        argv = [sys.executable, "-m", "grm_service.cli", "backend", "--model", str(model),
+        argv = [sys.executable, "-m", "grm_service.cli", "replica", "--model", str(model),
                 "--port", str(port), "--engine", engine, *dtype, "--max-model-len", "512",
                 "--served-model-name", SERVED, "--work-dir", work,
                 "--", "--enforce-eager", "--max-num-seqs", str(n)]

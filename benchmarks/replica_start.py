@@ -1,6 +1,6 @@
 """How long one CPU replica takes to start and to answer its first request, caches cold and warm.
 
-Starts `grm-service backend` on the tiny text model with the test suite's engine flags, one
+Starts `grm-service replica` on the tiny text model with the test suite's engine flags, one
 after the other, times each from the command's start to its /health answering 200, then sends
 it one request with logprobs (the suite's sampling) and times the answer. A variant is where
 the replica's caches live (`GRM_CACHE_DIR`: vLLM's cache and torch inductor's):
@@ -40,7 +40,7 @@ def start_once(f: procs.Fleet, model: str, env: dict[str, str], work: Path, name
                engine_args: list[str]) -> tuple[float, float, float]:
     """Seconds to /health, seconds of the first answer, CPU seconds by then."""
     port = procs.free_port()
-    argv = servers.backend_argv(model, port, work / name, engine_args)
+    argv = servers.replica_argv(model, port, work / name, engine_args)
     started = time.monotonic()
     proc = f.spawn(name, argv, f"http://127.0.0.1:{port}", env=env)
     procs.wait_ready(proc, "/health", timeout=600)

@@ -134,9 +134,9 @@ def tiny_model(kind: str = "text", python: Path = MAIN_PY) -> str:
     return out.strip().splitlines()[-1].strip()
 
 
-def backend_argv(model: str, port: int, work_dir: Path, engine_args: list[str]) -> list[str]:
-    """`grm-service backend`: one replica of the tiny model with the suite's flags."""
-    return [str(MAIN_PY), *GRM, "backend", "--model", model, "--port", str(port), *TINY_ENGINE,
+def replica_argv(model: str, port: int, work_dir: Path, engine_args: list[str]) -> list[str]:
+    """`grm-service replica`: one replica of the tiny model with the suite's flags."""
+    return [str(MAIN_PY), *GRM, "replica", "--model", model, "--port", str(port), *TINY_ENGINE,
             "--served-model-name", TINY_SERVED, "--work-dir", str(work_dir), "--", *engine_args]
 
 
