@@ -17,8 +17,22 @@ from grm_service.replicas.pool import Replica
 Body = list[bytes | memoryview]
 
 
+# 4xx answers about the replica's door, not the body: a proxy or an auth layer in front of one
+# replica (an ingress's 429 or 408, a replica's own --api-key refusing the gateway's credentials).
+# Passed on, they would tell the client to slow down or fix a key that is not its own; another
+# replica may well take the same body.
+_NOT_ABOUT_THE_BODY = {
+    401: "refused the gateway's credentials",
+    403: "refused the gateway's credentials",
+    407: "its proxy wants credentials",
+    408: "timed out reading the request",
+    429: "too many requests",
+}
+
+
 class Retryable(Exception):
-    """A failure another replica may not have: connection error, timeout, 5xx.
+    """A failure another replica may not have: connection error, timeout, 5xx, or a 4xx about
+    the replica's door rather than the body (`_NOT_ABOUT_THE_BODY`).
 
     `str()` is what a client may see (the replica's name and what went wrong); `detail` (with
     addresses and library reprs) goes to the log only.
@@ -98,6 +112,10 @@ def _decode(replica: Replica, response: tuple[int, bytes]) -> tuple[dict[str, An
     status, content = response
     if status >= 500:
         raise Retryable("status", replica.name, f"HTTP {status}")
+    if status in _NOT_ABOUT_THE_BODY:
+        raise Retryable("status", replica.name,
+                        f"HTTP {status} ({_NOT_ABOUT_THE_BODY[status]})",
+                        f"HTTP {status}: {content[:200].decode(errors='replace')}")
     try:
         payload, strict = jsonload.loads_strict(content)
     except ValueError as err:

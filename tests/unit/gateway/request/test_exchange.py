@@ -135,6 +135,24 @@ async def test_an_answer_another_replica_may_not_give_is_retryable(
     assert failed.value.detail == said
 
 
+@pytest.mark.parametrize(("status", "said"), [
+    (429, "HTTP 429 (too many requests)"),
+    (408, "HTTP 408 (timed out reading the request)"),
+    (401, "HTTP 401 (refused the gateway's credentials)"),
+    (403, "HTTP 403 (refused the gateway's credentials)"),
+    (407, "HTTP 407 (its proxy wants credentials)"),
+])
+async def test_a_4xx_about_the_replicas_door_fails_over_instead_of_reaching_the_client(
+        status: int, said: str) -> None:
+    """An ingress's 429 or a replica's --api-key 401 is not the client's to fix: passed on, it
+    would say "slow down" or "your key is wrong" to a client whose body another replica takes."""
+    body = b'<html><body>nginx: slow down</body></html>'
+    with pytest.raises(exchange.Retryable) as failed:
+        await attempt_on(http(status, body, "text/html"))
+    assert (failed.value.reason, str(failed.value)) == ("status", f"r0: {said}")
+    assert failed.value.detail == f"HTTP {status}: " + body.decode()
+
+
 @pytest.mark.parametrize(("status", "body", "message"), [
     (400, b'{"error": {"message": "max_tokens is too large", "type": "BadRequestError"}}',
      "engine: max_tokens is too large"),
