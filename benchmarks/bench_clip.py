@@ -200,7 +200,9 @@ def direct_bodies(work: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
 async def direct_round(url: str, bodies: list[tuple[bytes, bytes]], concurrency: int,
                        scales: Any) -> float:
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=2 * concurrency)
+    # Idle connections dropped before vLLM's keep-alive (5 s) closes them: a request sent on
+    # one it is closing fails with ReadError (seen on an H100 between rounds).
+    limits = httpx.Limits(max_connections=2 * concurrency, keepalive_expiry=2.0)
     headers = {"content-type": "application/json"}
 
     async def one(client: httpx.AsyncClient, pair: tuple[bytes, bytes]) -> float:
@@ -236,7 +238,7 @@ def gateway_round(url: str, work: list[dict[str, Any]], batch: int, in_flight: i
             raise SystemExit(f"{len(bad)} items failed: {bad[0]['error']}")
         return any(x["fingerprint"]["serialized"] for x in results)
 
-    limits = httpx.Limits(max_connections=in_flight)
+    limits = httpx.Limits(max_connections=in_flight, keepalive_expiry=2.0)
     with httpx.Client(timeout=3600, limits=limits) as client, \
             ThreadPoolExecutor(in_flight) as pool:
         cpu0, started = cpu_s(pid), time.perf_counter()

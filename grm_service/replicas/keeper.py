@@ -14,6 +14,12 @@ resets after a stable period. Each replica has its own task, and a bug met while
 replica is logged with the replica's name and the loop goes on: a monitor that dies silently
 would leave a dead replica routed to and a recovered one never re-admitted.
 
+Replicas that share a GPU start one at a time: vLLM sizes its KV cache from the memory it sees
+free while it profiles, and a neighbour allocating at that moment makes the start fail ("No
+available memory for the cache blocks", seen with two replicas on one H200). A start holds its
+devices' lanes until the replica answers its health check or fails; replicas on other devices,
+and CPU replicas, start together.
+
 The gateway serves as soon as one replica is admitted. A replica that fails to start is retried;
 only when every replica launched by this gateway failed its first start (a bad model path or
 engine argument, most likely) does `start` raise, with the first failure's log tail.
@@ -26,7 +32,7 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 
 import httpx
@@ -66,6 +72,12 @@ class ReplicaSource(ABC):
     @property
     def pid(self) -> int | None:
         return None
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The GPUs this replica's engine takes on this host, where the keeper starts it:
+        no other replica starts on one of them at the same time."""
+        return ()
 
     @abstractmethod
     async def start(self) -> str:
@@ -122,6 +134,7 @@ class Keeper:
         self._tasks: list[asyncio.Task[None]] = []
         self._first: asyncio.Future[None] | None = None
         self._first_failures: dict[str, str] = {}
+        self._lanes: dict[int, asyncio.Lock] = {}  # a GPU's: one start on it at a time
         self._stopping = False
 
     async def start(self) -> None:
@@ -156,11 +169,12 @@ class Keeper:
         if not quiet:
             self._set(replica, ReplicaState.STARTING)
         try:
-            replica.url = await source.start()
-            replica.pid = source.pid
-            if not quiet:
-                self._set(replica, ReplicaState.CHECKING)
-            await self._until_healthy(source, replica)
+            async with self._start_lanes(source, replica):
+                replica.url = await source.start()
+                replica.pid = source.pid
+                if not quiet:
+                    self._set(replica, ReplicaState.CHECKING)
+                await self._until_healthy(source, replica)
         except StartFailed as err:
             self._start_failed(replica, str(err))
             await self._stop_source(source)
@@ -172,6 +186,21 @@ class Keeper:
             await self._stop_source(source)
             return
         await self._serve(source, replica)
+
+    @contextlib.asynccontextmanager
+    async def _start_lanes(self, source: ReplicaSource, replica: Replica) -> AsyncIterator[None]:
+        """Hold the lanes of the source's devices (in one order: no two starts wait on each
+        other) for as long as the body runs."""
+        async with contextlib.AsyncExitStack() as held:
+            for device in sorted(set(source.devices)):
+                lane = self._lanes.setdefault(device, asyncio.Lock())
+                if lane.locked():
+                    self._set(replica, ReplicaState.STARTING,
+                              f"waiting for another replica's start on GPU {device}")
+                await held.enter_async_context(lane)
+            if replica.detail.startswith("waiting for another replica's start"):
+                self._set(replica, ReplicaState.STARTING)
+            yield
 
     async def _earlier_first(self, replica: Replica) -> None:
         """Until there is a reference, replicas earlier in the list that are still being

@@ -126,6 +126,13 @@ class PoolingCanary:
                 return f"pooling canary probe failed: {err!r}"
             return self._judge(replica, path, alone, list(mixed[: len(alone)]))
 
+    def _which(self, alone: list[str], batched: list[str]) -> str:
+        """The probes that changed, by kind: which tower of a dual encoder is not invariant."""
+        texts = len(self.probes)
+        changed = [i for i, (a, b) in enumerate(zip(alone, batched, strict=True)) if a != b]
+        named = [f"text {i}" if i < texts else f"image {i - texts}" for i in changed]
+        return ", ".join(named)
+
     def _judge(self, replica: Replica, path: str, alone: list[str], batched: list[str]
                ) -> str | None:
         assert replica.identity is not None, "only claimed (identified) replicas are probed"
@@ -141,8 +148,9 @@ class PoolingCanary:
         if batched != alone:
             n = sum(a != b for a, b in zip(alone, batched, strict=True))
             self.metrics.violations.labels(source="canary").inc()
-            log.error("pooling canary: %d/%d outputs of %s change when co-batched; its pooling "
-                      "requests stay one at a time", n, len(alone), replica.name)
+            log.error("pooling canary: %d/%d outputs of %s change when co-batched (%s); its "
+                      "pooling requests stay one at a time", n, len(alone), replica.name,
+                      self._which(alone, batched))
             return None
         replica.pooling_batched = True
         log.info("pooling canary passed for %s (%d probes alone and co-batched): pooling "

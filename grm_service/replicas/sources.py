@@ -25,6 +25,10 @@ class LocalSource(ReplicaSource):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.engine.gpu_set(self.index)
+
     def spec(self) -> ReplicaSpec:
         settings = self.engine.settings
         return ReplicaSpec(name=self.name, index=self.index, port=free_port(),

@@ -201,3 +201,67 @@ async def test_gateway_start_fails_only_when_every_launched_replica_failed() -> 
     with pytest.raises(ReplicaStartError, match="start 1 failed"):
         await keeper.start()
     await keeper.stop()
+
+
+class GpuSource(ReplicaSource):
+    """A replica of ours on `devices`, healthy `warm_s` after its start (its events logged)."""
+
+    def __init__(self, name: str, devices: tuple[int, ...], events: list[str],
+                 warm_s: float = 0.3) -> None:
+        super().__init__(name)
+        self._devices, self.events, self.warm_s = devices, events, warm_s
+        self.started_at: float | None = None
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self._devices
+
+    async def start(self) -> str:
+        self.events.append(f"{self.name} start")
+        self.started_at = time.monotonic()
+        return f"http://{self.name}:8000"
+
+
+def warming(sources: list[GpuSource]) -> httpx.MockTransport:
+    """Each source's /health is 503 until `warm_s` after its start; the rest as `handler`."""
+    by_host = {s.name: s for s in sources}
+    rest = handler({s.name: identity() for s in sources})
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        source = by_host[request.url.host]
+        if request.url.path != "/health":
+            return await rest.handle_async_request(request)
+        started = source.started_at
+        if started is None or time.monotonic() - started < source.warm_s:
+            return httpx.Response(503)
+        if f"{source.name} healthy" not in source.events:
+            source.events.append(f"{source.name} healthy")
+        return httpx.Response(200)
+
+    return httpx.MockTransport(handle)
+
+
+async def test_replicas_that_share_a_gpu_start_one_after_the_other() -> None:
+    """vLLM sizes its KV cache from the memory free while it profiles: a neighbour starting at
+    that moment fails the start. r0 and r1 share GPU 0, r2 has GPU 1 to itself."""
+    events: list[str] = []
+    sources = [GpuSource("r0", (0,), events), GpuSource("r1", (0,), events),
+               GpuSource("r2", (1,), events)]
+    settings = Settings(model="m", served_model_name="rm", health_interval_s=0.05)
+    client = httpx.AsyncClient(transport=warming(sources))
+    keeper = Keeper(settings, Metrics(), sources, Admission(settings, client), client)
+    starting = asyncio.create_task(keeper.start())
+    try:
+        seen = set()  # r1 while r0 warms up (at least one health poll, _POLL_S)
+        while "r0 healthy" not in events:
+            if "r0 start" in events:
+                seen.add((keeper.pool.replicas[1].state.value, keeper.pool.replicas[1].detail))
+            await asyncio.sleep(0.01)
+        assert seen == {("starting", "waiting for another replica's start on GPU 0")}
+        await starting
+        states = await settled(keeper, lambda s: s == ["ready"] * 3)
+        assert states == ["ready"] * 3
+    finally:
+        await keeper.stop()
+    assert events.index("r1 start") > events.index("r0 healthy")
+    assert events.index("r2 start") < events.index("r0 healthy")

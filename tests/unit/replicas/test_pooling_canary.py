@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from grm_service import tiny_dual, tiny_models
 from grm_service.config import SerializeMode, Settings
@@ -177,8 +178,11 @@ async def test_every_probe_fits_the_shortest_context_of_a_pooling_model() -> Non
     assert len(seen) == 1 + 64 + 3 * 64 and len(set(seen)) >= 8, "shapes still differ"
 
 
-async def test_an_image_tower_that_changes_when_co_batched_keeps_pooling_serialized() -> None:
+async def test_an_image_tower_that_changes_when_co_batched_keeps_pooling_serialized(
+        caplog: pytest.LogCaptureFixture) -> None:
     replica = make_replica("r0")
     transport, _ = embedder(shift_images_when_batched=1e-9)
     assert await run(check(), replica, transport) is None, "admitted"
     assert not replica.pooling_batched, "only the image probes moved: still caught"
+    # The log names the tower: 4 text probes (the default), then 2 images.
+    assert "2/6 outputs of r0 change when co-batched (image 0, image 1)" in caplog.text
