@@ -3,7 +3,8 @@ not scored yet, bounded per replica slot.
 
 The rule: a batch is admitted when the items already owed plus its own stay within
 `score_items_per_slot` x the ready replicas' slots, or when nothing is owed (a lone batch is
-always taken, up to GRM_MAX_SCORE_ITEMS). Past it the batch is refused with 429 and a
+always taken, up to GRM_MAX_SCORE_ITEMS), or when it brings nothing to owe (a group's items
+that wait for the rest of their group: `GRM_GROUP_MAX_OPEN` bounds those). Past it the batch is refused with 429 and a
 Retry-After before any of its items runs. An admitted batch's items are owed service: they
 wait for their replica's slot as long as it takes (`exchange._admit`), never refused for queue
 time half-way, which would throw away the items already scored.
@@ -42,7 +43,7 @@ class Backlog:
     def check(self, items: int, slots: int) -> None:
         """Raise Overloaded where a batch of `items` would pass the bound."""
         bound = self.bound(slots)
-        if not self.owed or self.owed + items <= bound:
+        if not items or not self.owed or self.owed + items <= bound:
             return
         raise Overloaded(
             f"{self.owed} score items already owed service by {max(slots, 1)} replica slot(s) "

@@ -14,6 +14,9 @@ from grm_service.gateway.request.backlog import RETRY_AFTER_MAX_S, Backlog
     (5, 4, 2, False),
     (4, 4, 0, False),  # no ready replica counts as one slot: 8 > 4
     (8, 4, 3, True),
+    # Brings nothing to owe (held group items waiting for their group): taken even past the
+    # bound, or the first items of a group would be refused while another group is judged.
+    (9, 0, 2, True),
 ])
 def test_a_batch_is_admitted_within_items_per_slot_times_slots(
     owed: int, items: int, slots: int, admitted: bool
