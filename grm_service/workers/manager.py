@@ -147,7 +147,11 @@ class Manager:
             if code is not None:
                 self._died(child, code, now)
                 continue
+            starting = child.answered_at is None
             child.ping(now, self.settings.worker_ping_interval_s)
+            if starting and child.answered_at is not None:
+                log.info("%s (pid %s) answers its pings: a hang is caught within %g s",
+                         child.name, child.pid, self.settings.worker_ping_timeout_s)
             limit = (self.settings.worker_ping_timeout_s if child.answered_at is not None
                      else max(_FIRST_PONG_S, self.settings.worker_ping_timeout_s))
             if child.unanswered_s(now) > limit:
