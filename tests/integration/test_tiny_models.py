@@ -20,12 +20,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-models")
+def cache_dir() -> Path:
+    """The run's own cache, the one the engine tests load from: each kind is built once a run,
+    and a cached folder that a rebuild here would not reproduce byte for byte (a builder
+    changed without its version) fails `test_builds_are_byte_identical`."""
+    return tiny_models.default_cache_dir()
 
 
 @pytest.fixture(scope="module")
-def built(cache_dir: Path) -> dict[ModelKind, Path]:
+def rebuilt_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The text model built anew, outside the run's cache, for `test_builds_are_byte_identical`.
+    Built in the module's set-up, before the per-test os.environ check: a build asks torch's
+    inductor for its cache folder, which sets TORCHINDUCTOR_CACHE_DIR in os.environ the first
+    time (third-party, not our code)."""
+    return ensure_tiny_model("text", tmp_path_factory.mktemp("rebuilt"))
+
+
+@pytest.fixture(scope="module")
+def built(cache_dir: Path, rebuilt_text: Path) -> dict[ModelKind, Path]:
     return {kind: ensure_tiny_model(kind, cache_dir) for kind in tiny_models.MODEL_KINDS}
 
 
@@ -66,7 +78,7 @@ def test_folders_are_cached_by_kind_and_builder_version(
         "clip": f"clip-b{version}",
         "siglip": f"siglip-b{version}",
     }
-    assert sorted(p.name for p in cache_dir.iterdir()) == sorted(p.name for p in built.values())
+    assert {p.parent for p in built.values()} == {cache_dir}
     before = (built["text"] / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_model("text", cache_dir) == built["text"]
     assert (built["text"] / "model.safetensors").stat().st_mtime_ns == before
@@ -230,9 +242,8 @@ def test_vlm_processor_expands_an_image_to_its_patches(
     assert model(**inputs).logits.shape[-1] == tiny_models.VOCAB_SIZE
 
 
-def test_builds_are_byte_identical(built: dict[ModelKind, Path], tmp_path: Path) -> None:
-    again = ensure_tiny_model("text", tmp_path)
-    assert digest_folder(again) == digest_folder(built["text"])
+def test_builds_are_byte_identical(built: dict[ModelKind, Path], rebuilt_text: Path) -> None:
+    assert digest_folder(rebuilt_text) == digest_folder(built["text"])
 
 
 def test_concurrent_builders_agree_and_leave_no_staging(tmp_path: Path) -> None:
