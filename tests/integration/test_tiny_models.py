@@ -21,23 +21,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cache_dir() -> Path:
-    """The run's own cache, the one the engine tests load from: each kind is built once a run,
-    and a cached folder that a rebuild here would not reproduce byte for byte (a builder
-    changed without its version) fails `test_builds_are_byte_identical`."""
+    """The run's own cache, the one the engine tests load from: an earlier run or the engine
+    tests may have built what it holds, and each kind must be byte for byte what a build here
+    gives (`test_builds_are_byte_identical`)."""
     return tiny_models.default_cache_dir()
 
 
 @pytest.fixture(scope="module")
-def rebuilt_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The text model built anew, outside the run's cache, for `test_builds_are_byte_identical`.
+def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> dict[ModelKind, Path]:
+    """Every kind built anew, outside the run's cache, for `test_builds_are_byte_identical`.
     Built in the module's set-up, before the per-test os.environ check: a build asks torch's
     inductor for its cache folder, which sets TORCHINDUCTOR_CACHE_DIR in os.environ the first
     time (third-party, not our code)."""
-    return ensure_tiny_model("text", tmp_path_factory.mktemp("rebuilt"))
+    folder = tmp_path_factory.mktemp("rebuilt")
+    return {kind: ensure_tiny_model(kind, folder) for kind in tiny_models.MODEL_KINDS}
 
 
 @pytest.fixture(scope="module")
-def built(cache_dir: Path, rebuilt_text: Path) -> dict[ModelKind, Path]:
+def built(cache_dir: Path, rebuilt: dict[ModelKind, Path]) -> dict[ModelKind, Path]:
     return {kind: ensure_tiny_model(kind, cache_dir) for kind in tiny_models.MODEL_KINDS}
 
 
@@ -242,8 +243,12 @@ def test_vlm_processor_expands_an_image_to_its_patches(
     assert model(**inputs).logits.shape[-1] == tiny_models.VOCAB_SIZE
 
 
-def test_builds_are_byte_identical(built: dict[ModelKind, Path], rebuilt_text: Path) -> None:
-    assert digest_folder(rebuilt_text) == digest_folder(built["text"])
+def test_builds_are_byte_identical(built: dict[ModelKind, Path],
+                                   rebuilt: dict[ModelKind, Path]) -> None:
+    """Each kind as the run's cache holds it, which an earlier run or the engine tests may have
+    built: a builder changed without its version gives other bytes here."""
+    assert {k: digest_folder(p) for k, p in rebuilt.items()} == {
+        k: digest_folder(p) for k, p in built.items()}
 
 
 def test_concurrent_builders_agree_and_leave_no_staging(tmp_path: Path) -> None:
