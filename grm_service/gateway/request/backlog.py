@@ -4,8 +4,8 @@ not scored yet, bounded per replica slot.
 The rule: a batch is admitted when the items already owed plus its own stay within
 `score_items_per_slot` x the ready replicas' slots, or when nothing is owed (a lone batch is
 always taken, up to GRM_MAX_SCORE_ITEMS), or when it brings nothing to owe (a group's items
-that wait for the rest of their group: `GRM_GROUP_MAX_OPEN` bounds those). Past it the batch is refused with 429 and a
-Retry-After before any of its items runs. An admitted batch's items are owed service: they
+that wait for the rest of their group: `GRM_GROUP_MAX_OPEN` bounds those). Past it the batch
+is refused with 429 and a Retry-After before any of its items runs. An admitted batch's items are owed service: they
 wait for their replica's slot as long as it takes (`exchange._admit`), never refused for queue
 time half-way, which would throw away the items already scored.
 
