@@ -253,10 +253,12 @@ async def test_replicas_that_share_a_gpu_start_one_after_the_other() -> None:
     starting = asyncio.create_task(keeper.start())
     try:
         seen = set()  # r1 while r0 warms up (at least one health poll, _POLL_S)
-        while "r0 healthy" not in events:
-            if "r0 start" in events:
-                seen.add((keeper.pool.replicas[1].state.value, keeper.pool.replicas[1].detail))
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(60):  # a bound on a hang, not a pace: r0 needs about 0.5 s
+            while "r0 healthy" not in events:
+                if "r0 start" in events:
+                    r1 = keeper.pool.replicas[1]
+                    seen.add((r1.state.value, r1.detail))
+                await asyncio.sleep(0.01)
         assert seen == {("starting", "waiting for another replica's start on GPU 0")}
         await starting
         states = await settled(keeper, lambda s: s == ["ready"] * 3)
