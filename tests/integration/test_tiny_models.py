@@ -247,8 +247,9 @@ def test_builds_are_byte_identical(built: dict[ModelKind, Path],
                                    rebuilt: dict[ModelKind, Path]) -> None:
     """Each kind as the run's cache holds it, which an earlier run or the engine tests may have
     built: a builder changed without its version gives other bytes here."""
-    assert {k: digest_folder(p) for k, p in rebuilt.items()} == {
-        k: digest_folder(p) for k, p in built.items()}
+    differ = [k for k in rebuilt if digest_folder(rebuilt[k]) != digest_folder(built[k])]
+    assert not differ, (f"cached {differ} differ from a fresh build: a builder changed without "
+                        f"BUILDER_VERSION (bump it), or remove them from {built[differ[0]].parent}")
 
 
 def test_concurrent_builders_agree_and_leave_no_staging(tmp_path: Path) -> None:
