@@ -191,14 +191,16 @@ class Keeper:
     async def _start_lanes(self, source: ReplicaSource, replica: Replica) -> AsyncIterator[None]:
         """Hold the lanes of the source's devices (in one order: no two starts wait on each
         other) for as long as the body runs."""
+        waited = False
         async with contextlib.AsyncExitStack() as held:
             for device in sorted(set(source.devices)):
                 lane = self._lanes.setdefault(device, asyncio.Lock())
                 if lane.locked():
+                    waited = True
                     self._set(replica, ReplicaState.STARTING,
                               f"waiting for another replica's start on GPU {device}")
                 await held.enter_async_context(lane)
-            if replica.detail.startswith("waiting for another replica's start"):
+            if waited:
                 self._set(replica, ReplicaState.STARTING)
             yield
 
