@@ -73,6 +73,8 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Attach to replicas started elsewhere instead of launching (comma-separated).",
     )
+    replica_api_key: str = Field("", pattern=r"^[!-~]*$", description="The key the replicas "
+                                 "require (vLLM's --api-key): sent to them, launched with it.")
     launcher: Launcher = Field(Launcher.LOCAL, description="local | ray.")
     ray_address: str = Field("", description="Ray cluster address (empty: start or join local).")
     ray_placement: RayPlacement = Field(RayPlacement.SPREAD, description="spread | pack.")
@@ -340,7 +342,7 @@ class Settings(BaseSettings):
     @field_validator("engine_args")
     @classmethod
     def _flags(cls, words: list[str]) -> list[str]:
-        return parse.no_comma_joined_flags(words)
+        return parse.engine_flags(words)
 
     @field_validator("replica_urls")
     @classmethod

@@ -42,13 +42,19 @@ def engine_words(value: object) -> object:
         raise ValueError(f"not shell words ({err}): quote values with spaces") from None
 
 
-def no_comma_joined_flags(words: list[str]) -> list[str]:
-    """The comma-separated form once documented would now reach the engine as one bogus flag."""
+def engine_flags(words: list[str]) -> list[str]:
+    """Engine args the service would misread: flags joined with commas (the form once
+    documented would reach the engine as one bogus flag), and a key the gateway would not hold
+    (every request refused with 401 by the replicas it launched)."""
     for word in words:
         if word.startswith("-") and ",-" in word:
             raise ValueError(f"{word!r:.80} joins flags with commas: engine args are shell "
                              "words (GRM_ENGINE_ARGS='--enforce-eager --max-num-seqs 8') or a "
                              "JSON list")
+        if word == "--api-key" or word.startswith("--api-key="):
+            raise ValueError("--api-key among the engine args: give the replicas' key as "
+                             "--replica-api-key (GRM_REPLICA_API_KEY) instead, so that the "
+                             "gateway sends it and the replicas it launches require it")
     return words
 
 

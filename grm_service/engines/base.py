@@ -18,6 +18,9 @@ from grm_service.engine_side.identity import CACHE_DIR_ENV, MIDDLEWARE
 from grm_service.host import distribution_version, remove_dead_owners
 from grm_service.metrics import MULTIPROCESS_ENV
 
+# vLLM reads its API key from here where `--api-key` is not given (vllm/envs.py).
+REPLICA_KEY_ENV = "VLLM_API_KEY"
+
 log = logging.getLogger(__name__)
 
 
@@ -125,8 +128,14 @@ class Engine(ABC):
                   "VLLM_CACHE_ROOT": str(self.vllm_cache())}
         env = {**base_env, **self.deterministic_env(),
                INDUCTOR_CACHE_ENV: str(self.inductor_cache()), **self.settings.engine_env,
-               **self.replica_env(spec), **caches}
+               **self.replica_env(spec), **caches, **self.credentials()}
         return ChildCommand(argv, env, (spec.tmp_dir, self.vllm_cache(), self.inductor_cache()))
+
+    def credentials(self) -> dict[str, str]:
+        """The replica's key (`--replica-api-key`), which vLLM reads where `--api-key` is not
+        given: its OpenAI routes then refuse whoever lacks it (replicas/credentials.py)."""
+        key = self.settings.replica_api_key
+        return {REPLICA_KEY_ENV: key} if key else {}
 
     def vllm_cache(self) -> Path:
         """vLLM's cache (`VLLM_CACHE_ROOT`): the model class's inspection (a subprocess that

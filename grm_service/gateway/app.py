@@ -42,6 +42,7 @@ from grm_service.gateway.role import WorkerRole
 from grm_service.gateway.service import Service
 from grm_service.ledger.book import Ledger
 from grm_service.metrics import Metrics
+from grm_service.replicas.credentials import probe_client
 from grm_service.replicas.deployment import keeper_for
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.pool import ReplicaPool
@@ -125,7 +126,7 @@ def _lifespan(
         # A bad --scorers entry fails start-up rather than the first request.
         log.info("scorers: %s", ", ".join(routes_gym.check_scorer(settings,
                                                                  scorer_names(settings))))
-        probes = httpx.AsyncClient()  # health, identity and canary: off the hot path
+        probes = probe_client(settings)
         identity = ServiceIdentity(settings, metrics)  # the one holder of this process
         side, close_side = _replica_side(settings, worker, metrics, identity, probes)
         # Our own keep-alive pool, not httpx/aiohttp: upstream.py says why.

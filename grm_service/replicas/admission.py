@@ -47,8 +47,12 @@ async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response:
 
 
 def _json(response: httpx.Response) -> Any:
-    if response.status_code != 200:
-        raise IdentityError(f"GET {response.request.url.path} answered {response.status_code}")
+    status, path = response.status_code, response.request.url.path
+    if status in (401, 403):
+        raise IdentityError(f"GET {path} answered {status}: the replica requires a key the "
+                            "gateway does not hold (--replica-api-key, GRM_REPLICA_API_KEY)")
+    if status != 200:
+        raise IdentityError(f"GET {path} answered {status}")
     try:
         return response.json()
     except ValueError as err:

@@ -14,6 +14,7 @@ it holds now: with `--delay`, a test can see whether requests that must run alon
 overlapped. After `POST /stub/hold`, chat completions wait until `POST /stub/release`, so a
 test can keep requests in flight for as long as its checks take, on a machine of any pace.
 `--pad N` adds N characters to every chat answer's text (an answer larger than the gateway's cap).
+`--api-key KEY` guards the routes vLLM's `--api-key` guards (`/v1/...`: 401 without the key).
 Start: `python -m grm_service.testing.stub_openai --port 0`; it prints `PORT <n>` once listening.
 """
 
@@ -30,9 +31,11 @@ from collections import deque
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 def completion(body: dict[str, Any], raw: bytes, pad: int = 0) -> dict[str, Any]:
@@ -166,6 +169,22 @@ def build_app(delay_s: float = 0.0, fail: bool = False, served_model_name: str =
     ])
 
 
+# The routes vLLM's `--api-key` guards (vllm/entrypoints/serve/middleware/authenticate.py).
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def guarded(app: ASGIApp, key: str) -> ASGIApp:
+    """The app behind a key, as vLLM's `--api-key` puts its server: a 401 on the guarded routes
+    without `Authorization: Bearer <key>`, the rest (health, version, metrics) open."""
+    async def guard(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIXES) \
+                and Headers(scope=scope).get("authorization") != f"Bearer {key}":
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+    return guard
+
+
 def listening(port: int) -> socket.socket:
     """A socket listening on 127.0.0.1:`port` (0: any free one), its port printed as `PORT n`
     once it listens: a client that connects while the server starts waits in the backlog
@@ -193,11 +212,14 @@ def main() -> None:
     parser.add_argument("--garbage", choices=["html", "json", "hang"], default=None)
     parser.add_argument("--record", type=int, default=0, help="Keep the last N bodies received.")
     parser.add_argument("--pad", type=int, default=0, help="Characters added to chat answers.")
+    parser.add_argument("--api-key", default="", help="Guard the /v1 routes as vLLM's does.")
     args = parser.parse_args()
     sock = listening(args.port)
-    stub = (garbage_app(args.garbage) if args.garbage
-            else build_app(args.delay, args.fail, args.served_model_name, args.version,
-                           args.record, args.pad))
+    stub: ASGIApp = (garbage_app(args.garbage) if args.garbage
+                     else build_app(args.delay, args.fail, args.served_model_name, args.version,
+                                    args.record, args.pad))
+    if args.api_key:
+        stub = guarded(stub, args.api_key)
     # A garbage stub has nothing worth draining: without a bound, SIGTERM would wait for the
     # requests a "hang" stub holds (an hour).
     config = uvicorn.Config(stub, log_level="warning",

@@ -18,13 +18,12 @@ import signal
 import sys
 from pathlib import Path
 
-import httpx
-
 from grm_service.config import Settings
 from grm_service.errors import GrmError
 from grm_service.gateway.role import metrics_dir, snapshot_path
 from grm_service.logs import setup_logging
 from grm_service.metrics import Metrics
+from grm_service.replicas.credentials import probe_client
 from grm_service.replicas.deployment import keeper_for
 from grm_service.replicas.identity import ServiceIdentity
 from grm_service.replicas.reaper import die_with_parent
@@ -49,7 +48,7 @@ async def keep(settings: Settings, run_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # only record: this coroutine acts
     metrics = Metrics(metrics_dir(run_dir))
-    probes = httpx.AsyncClient()  # health, identity and canary
+    probes = probe_client(settings)
     kept = keeper_for(settings, metrics, ServiceIdentity(settings, metrics), probes)
     published = Published(kept.keeper, snapshot_path(run_dir))
     starting = asyncio.create_task(published.start(), name="grm-keeper-start")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from grm_service import determinism
 from grm_service.commands.replica import replica_command
 from grm_service.config import EngineName, Settings
 
@@ -133,12 +134,34 @@ def test_engine_args_env_is_shell_words_or_a_json_list(monkeypatch: pytest.Monke
     ("--limit-mm-per-prompt '{\"image\": 8", "not shell words"),
     ('["--enforce-eager", 8]', "strings only"),
     ('["--enforce-eager",', "not a JSON list"),
+    ("--enforce-eager --api-key s3cret", "--replica-api-key"),
+    ("--api-key=s3cret", "--replica-api-key"),
 ])
 def test_engine_args_env_refuses_what_the_engine_would_misread(
         monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
     monkeypatch.setenv("GRM_ENGINE_ARGS", value)
     with pytest.raises(ValidationError, match=message):
         Settings(model="/models/rm")
+
+
+def test_the_replicas_key_reaches_launched_replicas_and_not_their_identity(
+        tmp_path: Path) -> None:
+    """vLLM reads VLLM_API_KEY where --api-key is not given; the key is no numerics input."""
+    plain = replica_command(Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path),
+                            {})
+    keyed = replica_command(Settings(model="/models/rm", engine="vllm-cpu", work_dir=tmp_path,
+                                     replica_api_key="s3cret"), {})
+    for folder in {plain.env["TMPDIR"], keyed.env["TMPDIR"]}:  # the recipes made them
+        shutil.rmtree(folder)
+    assert keyed.env["VLLM_API_KEY"] == "s3cret" and "VLLM_API_KEY" not in plain.env
+    assert "s3cret" not in " ".join(keyed.argv)  # argv is visible to every user of the host
+    assert determinism.numerics_env(keyed.env) == determinism.numerics_env(plain.env)
+
+
+@pytest.mark.parametrize("key", ["two words", "line\r\nX-Injected: 1", "caf\u00e9"])
+def test_the_replicas_key_must_be_one_printable_ascii_word(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ValidationError, match="replica_api_key"):
+        Settings(model="/models/rm", replica_api_key=key)
 
 
 def test_engine_args_env_reaches_the_replicas_identity(tmp_path: Path) -> None:

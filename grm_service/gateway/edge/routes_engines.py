@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from grm_service.errors import UnknownReplica
 from grm_service.gateway.edge.deps import gateway
 from grm_service.gateway.request.context import ForwardContext
+from grm_service.replicas.credentials import replica_headers
 
 ENGINE_METRICS = "/metrics/engine"
 TARGETS = "/metrics/targets"
@@ -50,7 +51,8 @@ async def engine_metrics(replica: str, gw: GatewayDep) -> Response:
         return Response(f"replica {replica} has no address yet ({found.state})\n",
                         status_code=503, media_type="text/plain")
     try:
-        async with httpx.AsyncClient(timeout=_FETCH_TIMEOUT_S) as client:
+        async with httpx.AsyncClient(timeout=_FETCH_TIMEOUT_S,
+                                     headers=replica_headers(gw.settings)) as client:
             answer = await client.get(found.url + "/metrics")
     except httpx.HTTPError as err:
         return Response(f"replica {replica} at {found.url}: {type(err).__name__}: {err}\n",

@@ -22,8 +22,8 @@ Body = list[bytes | memoryview]
 # Passed on, they would tell the client to slow down or fix a key that is not its own; another
 # replica may well take the same body.
 _NOT_ABOUT_THE_BODY = {
-    401: "refused the gateway's credentials",
-    403: "refused the gateway's credentials",
+    401: "refused the gateway's credentials: GRM_REPLICA_API_KEY",
+    403: "refused the gateway's credentials: GRM_REPLICA_API_KEY",
     407: "its proxy wants credentials",
     408: "timed out reading the request",
     429: "too many requests",

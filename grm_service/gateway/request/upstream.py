@@ -56,19 +56,22 @@ class _Target:
     tls: bool
     authority: str  # the Host header's value
     prefix: str  # a replica behind a path (an ingress's /vllm): its routes live under it
+    credentials: str = ""  # the replica's key as a header line (replicas/credentials.py)
 
     @classmethod
-    def parse(cls, base_url: str) -> _Target:
+    def parse(cls, base_url: str, api_key: str = "") -> _Target:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"))
+        line = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"), line)
 
     def head(self, path: str, length: int) -> bytes:
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+                f"{self.credentials}Content-Type: application/json\r\n"
+                f"Content-Length: {length}\r\n\r\n").encode()
 
 
 class _Connection(asyncio.Protocol):
@@ -197,8 +200,10 @@ class Upstream:
     bound is what a replica costs in sockets if the gate is set wide."""
 
     def __init__(self, timeout_s: float, ack_timeout_s: float | None = None,
-                 max_response_bytes: int = 64 << 20, max_connections: int = 256) -> None:
+                 max_response_bytes: int = 64 << 20, max_connections: int = 256,
+                 api_key: str = "") -> None:
         self.timeout_s = timeout_s
+        self.api_key = api_key
         self.ack_timeout_ms = None if ack_timeout_s is None else int(ack_timeout_s * 1000)
         self.max_response_bytes = max_response_bytes
         self.max_connections = max_connections
@@ -208,14 +213,16 @@ class Upstream:
     @classmethod
     def from_settings(cls, settings: Settings) -> Upstream:
         return cls(settings.request_timeout_s, settings.replica_ack_timeout_s,
-                   settings.max_response_bytes, settings.max_connections_per_replica)
+                   settings.max_response_bytes, settings.max_connections_per_replica,
+                   settings.replica_api_key)
 
     async def post(self, base_url: str, path: str, *body: bytes | memoryview) -> Answer:
         """POST the concatenation of `body`'s parts (a long string among them is not copied)."""
         replica = self._replicas.get(base_url)
         if replica is None:
+            target = _Target.parse(base_url, self.api_key)
             replica = self._replicas[base_url] = _Replica(
-                base_url, _Target.parse(base_url), asyncio.Semaphore(self.max_connections))
+                base_url, target, asyncio.Semaphore(self.max_connections))
         length = sum(map(len, body))
         head = replica.target.head(path, length)
         replica.users += 1

@@ -138,8 +138,8 @@ async def test_an_answer_another_replica_may_not_give_is_retryable(
 @pytest.mark.parametrize(("status", "said"), [
     (429, "HTTP 429 (too many requests)"),
     (408, "HTTP 408 (timed out reading the request)"),
-    (401, "HTTP 401 (refused the gateway's credentials)"),
-    (403, "HTTP 403 (refused the gateway's credentials)"),
+    (401, "HTTP 401 (refused the gateway's credentials: GRM_REPLICA_API_KEY)"),
+    (403, "HTTP 403 (refused the gateway's credentials: GRM_REPLICA_API_KEY)"),
     (407, "HTTP 407 (its proxy wants credentials)"),
 ])
 async def test_a_4xx_about_the_replicas_door_fails_over_instead_of_reaching_the_client(
