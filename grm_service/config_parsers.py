@@ -52,9 +52,10 @@ def engine_flags(words: list[str]) -> list[str]:
                              "words (GRM_ENGINE_ARGS='--enforce-eager --max-num-seqs 8') or a "
                              "JSON list")
         if word == "--api-key" or word.startswith("--api-key="):
-            raise ValueError("--api-key among the engine args: give the replicas' key as "
-                             "--replica-api-key (GRM_REPLICA_API_KEY) instead, so that the "
-                             "gateway sends it and the replicas it launches require it")
+            raise ValueError("--api-key among the engine args: give the replicas' key in "
+                             "GRM_REPLICA_API_KEY instead (an environment variable: a command "
+                             "line is readable by every user of the host), so that the gateway "
+                             "sends it and the replicas it launches require it")
     return words
 
 

@@ -132,7 +132,7 @@ class Engine(ABC):
         return ChildCommand(argv, env, (spec.tmp_dir, self.vllm_cache(), self.inductor_cache()))
 
     def credentials(self) -> dict[str, str]:
-        """The replica's key (`--replica-api-key`), which vLLM reads where `--api-key` is not
+        """The replicas' key (`GRM_REPLICA_API_KEY`), which vLLM reads where `--api-key` is not
         given: its OpenAI routes then refuse whoever lacks it (replicas/credentials.py)."""
         key = self.settings.replica_api_key
         return {REPLICA_KEY_ENV: key} if key else {}

@@ -50,7 +50,7 @@ def _json(response: httpx.Response) -> Any:
     status, path = response.status_code, response.request.url.path
     if status in (401, 403):
         raise IdentityError(f"GET {path} answered {status}: the replica requires a key the "
-                            "gateway does not hold (--replica-api-key, GRM_REPLICA_API_KEY)")
+                            "gateway does not hold (set GRM_REPLICA_API_KEY)")
     if status != 200:
         raise IdentityError(f"GET {path} answered {status}")
     try:

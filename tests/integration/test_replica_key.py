@@ -51,7 +51,7 @@ def test_a_gateway_without_the_key_names_the_setting(tmp_path: Path, keyed_stub:
 
     def refused_for_the_key() -> bool:
         replicas = httpx.get(gw.url + "/ready", timeout=5).json()["replicas"]
-        return "--replica-api-key" in replicas[0]["detail"]
+        return "set GRM_REPLICA_API_KEY" in replicas[0]["detail"]
 
     try:
         wait_until(refused_for_the_key, "the replica refused, with the setting named")

@@ -134,8 +134,8 @@ def test_engine_args_env_is_shell_words_or_a_json_list(monkeypatch: pytest.Monke
     ("--limit-mm-per-prompt '{\"image\": 8", "not shell words"),
     ('["--enforce-eager", 8]', "strings only"),
     ('["--enforce-eager",', "not a JSON list"),
-    ("--enforce-eager --api-key s3cret", "--replica-api-key"),
-    ("--api-key=s3cret", "--replica-api-key"),
+    ("--enforce-eager --api-key s3cret", "GRM_REPLICA_API_KEY"),
+    ("--api-key=s3cret", "GRM_REPLICA_API_KEY"),
 ])
 def test_engine_args_env_refuses_what_the_engine_would_misread(
         monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
