@@ -3,10 +3,11 @@
 A vLLM server started with `--api-key` (or `VLLM_API_KEY`) refuses its OpenAI routes (`/v1/...`)
 with a 401 to anyone without `Authorization: Bearer <key>`; its `/health`, `/version` and
 `/metrics` stay open. Replicas reached over a network are often started so. With
-`GRM_REPLICA_API_KEY` set, the gateway sends that key on every request to a replica: the hot
-path's prebuilt head (`upstream.py`), the client of the health probes, the identity reads and the
-canaries (this module), and the engine metrics relay. The replicas it launches are started with
-it as `VLLM_API_KEY` (`engines/base.py`), so their routes refuse whoever does not hold it.
+`GRM_REPLICA_API_KEY` set, the gateway sends that key on every request to a replica: in the hot
+path's request head (`upstream.py`, its lines made once per replica from `replica_headers`),
+from the client of the health probes, identity reads and canaries (`probe_client`), and from the
+engine metrics relay. The replicas it launches start with it as `VLLM_API_KEY`
+(`engines/base.py`), so their routes refuse whoever does not hold it.
 
 The key is never a numerics input (not in the env digest) and never logged. Without it, a keyed
 replica's 401 is a fault of that replica's door, not of the client's request: the gateway fails

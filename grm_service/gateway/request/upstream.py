@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import urlsplit
@@ -37,6 +37,7 @@ import httptools
 
 from grm_service.config import Settings
 from grm_service.errors import ResponseTooLarge
+from grm_service.replicas.credentials import replica_headers
 
 Answer = tuple[int, bytes]  # (HTTP status, body)
 Body = tuple[bytes | memoryview, ...]  # sent one after the other
@@ -56,17 +57,17 @@ class _Target:
     tls: bool
     authority: str  # the Host header's value
     prefix: str  # a replica behind a path (an ingress's /vllm): its routes live under it
-    credentials: str = ""  # the replica's key as a header line (replicas/credentials.py)
+    credentials: str = ""  # header lines every request carries (replicas/credentials.py)
 
     @classmethod
-    def parse(cls, base_url: str, api_key: str = "") -> _Target:
+    def parse(cls, base_url: str, headers: Mapping[str, str] | None = None) -> _Target:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        line = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"), line)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"), lines)
 
     def head(self, path: str, length: int) -> bytes:
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\n"
@@ -201,9 +202,9 @@ class Upstream:
 
     def __init__(self, timeout_s: float, ack_timeout_s: float | None = None,
                  max_response_bytes: int = 64 << 20, max_connections: int = 256,
-                 api_key: str = "") -> None:
+                 headers: Mapping[str, str] | None = None) -> None:
         self.timeout_s = timeout_s
-        self.api_key = api_key
+        self.headers = dict(headers or {})
         self.ack_timeout_ms = None if ack_timeout_s is None else int(ack_timeout_s * 1000)
         self.max_response_bytes = max_response_bytes
         self.max_connections = max_connections
@@ -214,13 +215,13 @@ class Upstream:
     def from_settings(cls, settings: Settings) -> Upstream:
         return cls(settings.request_timeout_s, settings.replica_ack_timeout_s,
                    settings.max_response_bytes, settings.max_connections_per_replica,
-                   settings.replica_api_key)
+                   replica_headers(settings))
 
     async def post(self, base_url: str, path: str, *body: bytes | memoryview) -> Answer:
         """POST the concatenation of `body`'s parts (a long string among them is not copied)."""
         replica = self._replicas.get(base_url)
         if replica is None:
-            target = _Target.parse(base_url, self.api_key)
+            target = _Target.parse(base_url, self.headers)
             replica = self._replicas[base_url] = _Replica(
                 base_url, target, asyncio.Semaphore(self.max_connections))
         length = sum(map(len, body))
