@@ -52,14 +52,17 @@ _TOWER: dict[str, Any] = {
 def build_dual_model(kind: DualKind, out: Path, corpus: Iterable[str]) -> None:
     """Write the model files of `kind` into the existing, empty folder `out`; the tokenizer is
     trained on `corpus` (`tiny_models.training_corpus`, so every builder makes the same bytes)."""
-    compat.install()  # Before transformers: a broken torchvision breaks its model imports.
-    tokenizer = _tokenizer(corpus)
+    tokenizer = _tokenizer(corpus)  # the first import of transformers, hooks first
     model = _clip(tokenizer) if kind == "clip" else _siglip(tokenizer)
     model.save_pretrained(out, safe_serialization=True)
     _processor(kind, tokenizer).save_pretrained(out)
 
 
 def _tokenizer(corpus: Iterable[str]) -> Any:
+    # Before transformers, in whatever process calls this: transformers decides at its first
+    # import whether torchvision and torchaudio are usable, and a broken wheel then breaks its
+    # model imports for the rest of the process (a test's, too).
+    compat.install()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

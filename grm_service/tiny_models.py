@@ -139,8 +139,7 @@ def build_tiny_model(kind: ModelKind, out: Path) -> None:
 
         build_dual_model("clip" if kind == "clip" else "siglip", out, training_corpus(2000))
         return
-    compat.install()  # Before transformers: a broken torchvision breaks its model imports.
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer()  # the first import of transformers, hooks first
     tokenizer.save_pretrained(out)
     if kind == "text":
         _save_text_model(tokenizer, out)
@@ -158,6 +157,7 @@ def build_tiny_model(kind: ModelKind, out: Path) -> None:
 
 def build_tokenizer() -> Any:
     """A byte-level BPE tokenizer with the Qwen chat special tokens and the ChatML template."""
+    compat.install()  # before transformers decides which torch-family wheels it can use
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -153,11 +154,19 @@ async def test_an_embedding_model_is_probed_on_embeddings_with_texts_and_images(
     assert text_only.pooling_batched and set(seen) == {"text"}
 
 
-async def test_every_probe_fits_the_shortest_context_of_a_pooling_model() -> None:
+@pytest.fixture(scope="module")
+def clip_tokenizer() -> Any:
+    """Made before the per-test os.environ check: importing torch (for the import hooks that
+    go before transformers) sets TORCHINDUCTOR_CACHE_DIR in os.environ (third-party code)."""
+    return tiny_dual._tokenizer(tiny_models.training_corpus(2000))
+
+
+async def test_every_probe_fits_the_shortest_context_of_a_pooling_model(
+        clip_tokenizer: Any) -> None:
     """SigLIP reads 64 tokens: an engine refuses a longer input (400), and a replica whose probe
     is refused is never admitted. Counted by the test models' CLIP tokenizer, whose 1,024
     pieces split words far more than a real CLIP's or SigLIP's."""
-    tokenizer = tiny_dual._tokenizer(tiny_models.training_corpus(2000))
+    tokenizer = clip_tokenizer
     seen: list[int] = []
 
     async def handle(request: httpx.Request) -> httpx.Response:
