@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import cpu, loadgen, procs, servers
+from harness import bodies, cpu, loadgen, procs, servers
 from harness.procs import RESULTS
 
 PY_SPY = procs.PEERS_BIN / "py-spy"
@@ -149,6 +149,8 @@ def main() -> None:
                         help="C frames too (system calls, uvloop, httptools); the loop's thread")
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N")
     parser.add_argument("--fast-stubs", action="store_true")
+    parser.add_argument("--body", choices=bodies.KINDS, default="short",
+                        help="which requests (harness/bodies.py)")
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="RAW",
                         help="only print the tables of recorded files (py-spy -f raw)")
     args = parser.parse_args()
@@ -161,8 +163,8 @@ def main() -> None:
         stubs = [servers.start_stub(f, i, fast=args.fast_stubs) for i in range(args.replicas)]
         extra = ["--workers", str(args.workers)] if args.workers > 1 else []
         grm = servers.start_grm(f, [s.url for s in stubs], src=args.src, extra=extra)
-        load = loadgen.Load(args.concurrency, args.seconds + 4)
-        loadgen.run_split([grm.url], loadgen.Load(args.concurrency, 2))  # warm-up
+        load = loadgen.Load(args.concurrency, args.seconds + 4, body=args.body)
+        loadgen.run_split([grm.url], loadgen.Load(args.concurrency, 2, body=args.body))
         result: list[loadgen.Result] = []
         thread = threading.Thread(target=lambda: result.append(loadgen.run_split([grm.url], load)))
         thread.start()

@@ -13,10 +13,11 @@ first two writers below run the C encoder json.dumps runs, with its arguments:
   afterwards, uncopied: the route digest, the request digest and the send to the replica take
   the pieces one after the other. `known` gives the bytes of strings already proven plain
   (`longstrings.Lifted`: strings the parse lifted out of the body read).
-- `canonical_value(value)`: the same bytes for a value a JSON parser built (an engine's answer),
-  from msgspec's encoder (~2x faster than the C encoder on an answer with 128 logprobs: its
-  floats, integer lists and sorted keys). msgspec writes every float with the digits Python's
-  `repr` writes, laid out otherwise in three ranges, which are rewritten to Python's layout:
+- `canonical_value(value)`: the same bytes for a value a JSON parser built (an engine's answer;
+  `canonical_body(body)` for a request's body), from msgspec's encoder (~2x faster than the C
+  encoder on an answer with 128 logprobs: its floats, integer lists and sorted keys). msgspec
+  writes every float with the digits Python's `repr` writes, laid out otherwise in three
+  ranges, which are rewritten to Python's layout:
   an exponent of one digit (`1e-7`, Python `1e-07`), a value in [1e-5, 1e-4) (`0.000012`,
   Python `1.2e-05`), a positive exponent (`1e16`, Python `1e+16`). The bytes are then read
   back: they must give the value again, which proves that no rewrite touched a string's text;
@@ -75,6 +76,18 @@ class KnownBytes(Protocol):
 def canonical_json(body: Any) -> bytes:
     """The canonical JSON of `body`."""
     return "".join(_encoder(c_encode_basestring)(body, 0)).encode()
+
+
+def canonical_body(body: dict[str, Any]) -> bytes:
+    """`canonical_json(body)` for a request body, built of JSON's types (a parsed request and
+    what the gateway adds to it): msgspec's form with the cheaper proof (`decoded`), ~3.5 us
+    against ~6 on a judge request. A non-finite float is the one such value that proof does
+    not cover (msgspec writes it `null`, json.dumps `NaN`), so a form that holds `null` is read
+    back instead."""
+    fast = _msgspec_form(body, decoded=True)
+    if fast is None or fast.find(b"null") >= 0:
+        return canonical_value(body)
+    return fast
 
 
 def canonical_value(value: Any, decoded: bool = False) -> bytes:

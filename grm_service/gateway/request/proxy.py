@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from grm_service.canonical import canonical_json, canonical_parts
+from grm_service.canonical import canonical_body, canonical_parts
 from grm_service.config import RoutingMode
 from grm_service.errors import ReplicaFailed, ServiceUnavailable, StreamingUnsupported, UnknownModel
 from grm_service.fingerprint import Fingerprint, parts_digest, system_fingerprint
@@ -86,7 +86,7 @@ async def forward(
     inline = await check(fc, path, body, lifted)
     seed = fc.request_settings.seeded(path, body)
     # Once: the route digest and the request digest share it. Inline images are long strings.
-    raw: Body = canonical_parts(body, lifted) if inline else [canonical_json(body)]
+    raw: Body = canonical_parts(body, lifted) if inline else [canonical_body(body)]
     sending = _Sending(path, body, raw, seed, pin, audit, admitted)
     ledger = fc.ledger
     if ledger is None or origin is None:

@@ -78,18 +78,20 @@ def least_loaded_order(
 def route(pool: ReplicaPool, digest: int, least_loaded: bool, pin: str | None = None
           ) -> list[Replica]:
     """The ready replicas in the order a request of route digest `digest` tries them (`pin`:
-    the one named, where it is ready); [] where none is."""
+    the one named, where it is ready); [] where none is. The orders are those of
+    `rendezvous_order` and `least_loaded_order` over the replicas' names."""
     if pin is not None:
         return _pinned(pool, pin)
     now = time.monotonic()
     up = pool.ready()
     # With every breaker open, trying a tripped replica beats refusing outright.
-    ready = {r.name: r for r in ([r for r in up if not r.breaker_open(now)] or up)}
+    ready = [r for r in up if not r.breaker_open(now)] or up
+    if len(ready) < 2:
+        return ready
     if least_loaded:
-        names = least_loaded_order(digest, list(ready), lambda n: ready[n].gate.inflight)
-    else:
-        names = rendezvous_order(digest, list(ready))
-    return [ready[n] for n in names]
+        return sorted(ready, key=lambda r: (r.gate.inflight, -weight(digest, r.name), r.name))
+    # This runs once per request: the replicas themselves are ranked, with no name lookups.
+    return sorted(ready, key=lambda r: (weight(digest, r.name), r.name), reverse=True)
 
 
 def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, digest: int,

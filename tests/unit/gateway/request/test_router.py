@@ -99,6 +99,8 @@ def test_route_is_a_function_of_the_key_and_the_healthy_replicas(key: int) -> No
     where the rendezvous order of the ready names sends it."""
     order = [r.name for r in router.route(_pool(REPLICAS), key, False)]
     assert order == router.rendezvous_order(key, REPLICAS)
+    idle = [r.name for r in router.route(_pool(REPLICAS), key, True)]
+    assert idle == router.least_loaded_order(key, REPLICAS, lambda _: 0)
     shuffled = _pool(["x9", *reversed(REPLICAS), "x8"], down=("x8", "x9"))
     assert [r.name for r in router.route(shuffled, key, False)] == order
     assert router.route(_pool(REPLICAS, down=tuple(REPLICAS)), key, False) == []
