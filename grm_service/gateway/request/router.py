@@ -83,9 +83,8 @@ def route(pool: ReplicaPool, digest: int, least_loaded: bool, pin: str | None = 
     if pin is not None:
         return _pinned(pool, pin)
     now = time.monotonic()
-    up = pool.ready()
     # With every breaker open, trying a tripped replica beats refusing outright.
-    ready = [r for r in up if not r.breaker_open(now)] or up
+    ready = [r for r in pool.replicas if r.ready and not r.breaker_open(now)] or pool.ready()
     if len(ready) < 2:
         return ready
     if least_loaded:

@@ -257,22 +257,20 @@ class Upstream:
         length = sum(map(len, body))
         head = replica.target.head(path, length)
         replica.users += 1
+        slots = replica.slots
         try:
-            await self._slot(replica)
+            if slots.locked():
+                async with asyncio.timeout(self.timeout_s):
+                    await slots.acquire()
+            else:
+                await slots.acquire()  # free: returns at once, no timer
             try:
                 return await self._send(replica, head, body, length)
             finally:
-                replica.slots.release()
+                slots.release()
         finally:
             replica.users -= 1
             self._drop_if_unused(replica)
-
-    async def _slot(self, replica: _Replica) -> None:
-        if not replica.slots.locked():
-            await replica.slots.acquire()  # free: returns at once, no timer
-            return
-        async with asyncio.timeout(self.timeout_s):
-            await replica.slots.acquire()
 
     async def _send(self, replica: _Replica, head: bytes, body: Body, length: int) -> Answer:
         idle = replica.idle
