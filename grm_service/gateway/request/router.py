@@ -12,10 +12,11 @@ per-replica salt instead.
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from grm_service.canonical import canonical_json
 from grm_service.checksum import crc32
@@ -23,6 +24,9 @@ from grm_service.errors import UnknownReplica
 from grm_service.replicas.pool import Replica, ReplicaPool
 
 _MASK64 = (1 << 64) - 1
+T = TypeVar("T")
+_NAME: Callable[[Replica], str] = operator.attrgetter("name")
+_INFLIGHT: Callable[[Replica], int] = operator.attrgetter("gate.inflight")
 
 
 def route_digest(canonical: bytes) -> int:
@@ -58,9 +62,11 @@ def _salt(replica: str) -> int:
     return zlib.crc32(replica.encode())
 
 
-def rendezvous_order(digest: int, replicas: Sequence[str]) -> list[str]:
-    """All replicas, best first; failover walks this list in order."""
-    return sorted(replicas, key=lambda name: (weight(digest, name), name), reverse=True)
+def rendezvous_order(digest: int, replicas: Sequence[T],
+                     name: Callable[[T], str] = str) -> list[T]:
+    """All replicas, best first; failover walks this list in order. `name`: a replica's name,
+    where `replicas` are not their names."""
+    return sorted(replicas, key=lambda r: (weight(digest, name(r)), name(r)), reverse=True)
 
 
 def pick(digest: int, replicas: Sequence[str]) -> str | None:
@@ -69,17 +75,18 @@ def pick(digest: int, replicas: Sequence[str]) -> str | None:
 
 
 def least_loaded_order(
-    digest: int, replicas: Sequence[str], inflight: Callable[[str], int]
-) -> list[str]:
+    digest: int, replicas: Sequence[T], inflight: Callable[[T], int],
+    name: Callable[[T], str] = str,
+) -> list[T]:
     """Fewest in-flight first; equal loads are broken by the rendezvous weight of the digest."""
-    return sorted(replicas, key=lambda name: (inflight(name), -weight(digest, name), name))
+    return sorted(replicas,
+                  key=lambda r: (inflight(r), -weight(digest, name(r)), name(r)))
 
 
 def route(pool: ReplicaPool, digest: int, least_loaded: bool, pin: str | None = None
           ) -> list[Replica]:
     """The ready replicas in the order a request of route digest `digest` tries them (`pin`:
-    the one named, where it is ready); [] where none is. The orders are those of
-    `rendezvous_order` and `least_loaded_order` over the replicas' names."""
+    the one named, where it is ready); [] where none is."""
     if pin is not None:
         return _pinned(pool, pin)
     now = time.monotonic()
@@ -87,10 +94,10 @@ def route(pool: ReplicaPool, digest: int, least_loaded: bool, pin: str | None = 
     ready = [r for r in pool.replicas if r.ready and not r.breaker_open(now)] or pool.ready()
     if len(ready) < 2:
         return ready
+    # The replicas themselves are ranked: no lookups by name, once per request.
     if least_loaded:
-        return sorted(ready, key=lambda r: (r.gate.inflight, -weight(digest, r.name), r.name))
-    # This runs once per request: the replicas themselves are ranked, with no name lookups.
-    return sorted(ready, key=lambda r: (weight(digest, r.name), r.name), reverse=True)
+        return least_loaded_order(digest, ready, _INFLIGHT, _NAME)
+    return rendezvous_order(digest, ready, _NAME)
 
 
 def looked_again(pool: ReplicaPool, look: Callable[[], object] | None, digest: int,

@@ -85,12 +85,16 @@ class _Deadlines:
         self.tick_s = min(1.0, timeout_s / 4)
         self.waiting: set[_Connection] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
 
     def watch(self, conn: _Connection) -> None:
-        conn.deadline = conn.loop.time() + self.timeout_s
+        loop = conn.loop
+        conn.deadline = loop.time() + self.timeout_s
         self.waiting.add(conn)
-        if self._timer is None:
-            self._timer = conn.loop.call_later(self.tick_s, self._sweep, conn.loop)
+        # Another loop: the last one's timer, if any, never runs again (a closed loop).
+        if self._timer is None or self._loop is not loop:
+            self._loop = loop
+            self._timer = loop.call_later(self.tick_s, self._sweep, loop)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()

@@ -280,3 +280,25 @@ async def test_replica_connections_bound_unacknowledged_sends(
         await asyncio.wait_for(replica.closed.wait(), 5)
         server.close()
         await server.wait_closed()
+
+
+def test_a_pool_used_on_another_loop_still_times_out() -> None:
+    """The deadlines' timer is the loop's: a loop that ended with a request waiting leaves its
+    timer behind, never to run, and the next loop arms its own."""
+    with socket.socket() as silent:  # takes connections into its backlog, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        pool = Upstream(0.2)
+
+        async def left_waiting() -> None:
+            asyncio.get_running_loop().create_task(pool.post(url, "/p", b"{}"))
+            await asyncio.sleep(0.05)  # sent; the loop ends with its answer awaited
+
+        async def times_out() -> None:
+            with pytest.raises(TimeoutError, match="no complete answer in time"):
+                await asyncio.wait_for(pool.post(url, "/p", b"{}"), 5)
+            await pool.close()
+
+        asyncio.run(left_waiting())
+        asyncio.run(times_out())
