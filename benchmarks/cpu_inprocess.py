@@ -187,7 +187,7 @@ class _MemoryUpstream(Upstream):
 
     async def _connect(self, replica: _Replica) -> _Connection:
         loop = asyncio.get_running_loop()
-        conn = _Connection(loop, deadlines=self._deadlines)
+        conn = _Connection(loop, self._deadlines)
         reply = self.reply
         conn.connection_made(_Pipe(loop, lambda _: conn.data_received(reply)))  # type: ignore[arg-type]
         self._open.add(conn)

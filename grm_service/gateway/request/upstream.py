@@ -109,12 +109,11 @@ class _Connection(asyncio.Protocol):
 
     deadline = 0.0  # of the answer awaited (`_Deadlines`), on the loop's clock
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ack_timeout_ms: int | None = None,
-                 max_response_bytes: int = 1 << 62,
-                 on_lost: Callable[[_Connection], None] | None = None,
-                 deadlines: _Deadlines | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadlines: _Deadlines,
+                 ack_timeout_ms: int | None = None, max_response_bytes: int = 1 << 62,
+                 on_lost: Callable[[_Connection], None] | None = None) -> None:
         self.loop = loop
-        self.deadlines = deadlines or _Deadlines(300.0)  # one per pool (`Upstream`)
+        self.deadlines = deadlines  # the pool's (`Upstream`)
         self.ack_timeout_ms = ack_timeout_ms
         self.max_response_bytes = max_response_bytes
         self.on_lost = on_lost  # the pool forgets a closed connection at once
@@ -321,8 +320,8 @@ class Upstream:
 
         async with asyncio.timeout(self.timeout_s):
             _, conn = await loop.create_connection(
-                lambda: _Connection(loop, self.ack_timeout_ms, self.max_response_bytes, lost,
-                                    self._deadlines),
+                lambda: _Connection(loop, self._deadlines, self.ack_timeout_ms,
+                                    self.max_response_bytes, lost),
                 target.host, target.port, ssl=tls, server_hostname=target.host if tls else None)
         self._open.add(conn)
         replica.open += 1
