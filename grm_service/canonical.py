@@ -85,9 +85,9 @@ def canonical_body(body: dict[str, Any]) -> bytes:
     not cover (msgspec writes it `null`, json.dumps `NaN`), so a form that holds `null` is read
     back instead."""
     fast = _msgspec_form(body, decoded=True)
-    if fast is None or fast.find(b"null") >= 0:
-        return canonical_value(body)
-    return fast
+    if fast is not None and fast.find(b"null") >= 0:
+        fast = _read_back(fast, body)  # the quotes' proof holds: its rewrites need no redoing
+    return canonical_json(body) if fast is None else fast
 
 
 def canonical_value(value: Any, decoded: bool = False) -> bytes:
@@ -114,8 +114,11 @@ def _msgspec_form(value: Any, decoded: bool = False) -> bytes | None:
         parts = _FIVE_ZEROS.split(data)
         _five_zeros(parts, _delimited(parts, data, _FIVE_ZEROS) if decoded else None)
         data = b"".join(parts)
-    if decoded:
-        return data
+    return data if decoded else _read_back(data, value)
+
+
+def _read_back(data: bytes, value: Any) -> bytes | None:
+    """`data` where it parses to `value` again, else None (a NaN is never equal to itself)."""
     try:
         same = _READ.decode(data) == value
     except (msgspec.DecodeError, RecursionError):
