@@ -35,15 +35,16 @@ class Asker(NamedTuple):
 
 class RequestHead:
     """Authorization, Content-Length, whether the body is to be read as JSON, the replica pin,
-    the ledger's run and step tags, the first singleton header found twice (`repeated`, empty
-    when none), and admission's verdict on them (`admission.py`; None until it is asked)."""
+    the ledger's run and step tags, whether the client waits for `100 Continue`, the first
+    singleton header found twice (`repeated`, empty when none), and admission's verdict on
+    them (`admission.py`; None until it is asked)."""
 
-    __slots__ = ("admitted", "authorization", "content_length", "json", "pin", "repeated", "run",
-                 "step")
+    __slots__ = ("admitted", "authorization", "content_length", "expect_continue", "json", "pin",
+                 "repeated", "run", "step")
 
     def __init__(self, headers: Headers) -> None:
         authorization = length = ctype = pin = run = step = None
-        host = False
+        host = expect = False
         found = 0  # singleton headers seen, repeats included
         for key, value in headers:
             if key == b"content-type":
@@ -60,6 +61,8 @@ class RequestHead:
                 run = value
             elif key == _STEP:
                 step = value
+            elif key == b"expect" and value.lower() == b"100-continue":
+                expect = True
         distinct = ((ctype is not None) + (length is not None) + (authorization is not None)
                     + (pin is not None) + host)
         self.authorization = authorization or b""
@@ -69,6 +72,7 @@ class RequestHead:
         self.run = run.decode("latin-1") if run is not None else None
         self.step = step.decode("latin-1") if step is not None else None
         self.repeated = "" if found == distinct else _repeated(headers)
+        self.expect_continue = expect
         self.admitted: Asker | Reply | None = None
 
 

@@ -31,14 +31,14 @@ from grm_service.gateway.service import Service
 
 log = logging.getLogger(__name__)
 
-# What EdgeProtocol calls or reads on uvicorn's protocol.
+# What EdgeProtocol calls, reads or sets on uvicorn's protocol (it makes the per-request
+# `url`, `headers` and `expect_100_continue` itself, for uvicorn's cycle to read).
 EDGE_NEEDS = ("connection_made", "connection_lost", "data_received", "on_message_begin",
               "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
               "transport", "headers", "parser", "scope", "server_state", "ws_protocol_class",
-              "flow", "pipeline", "_start_asgi_task")
+              "flow", "pipeline", "_start_asgi_task", "url", "expect_100_continue")
 # What the one-write exchange reads besides.
-HOT_NEEDS = ("app", "url", "cycle", "tasks", "loop", "access_log", "root_path",
-             "expect_100_continue")
+HOT_NEEDS = ("app", "cycle", "tasks", "loop", "access_log", "root_path")
 
 
 class _Transport(asyncio.Transport):

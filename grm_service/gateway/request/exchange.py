@@ -48,7 +48,8 @@ async def attempt(
     fc: ForwardContext, replica: Replica, path: str, raw: Body, alone: bool, owed: bool = False
 ) -> tuple[dict[str, Any], bytes]:
     """The replica's payload for `raw`, and its bytes where they are strict JSON of it."""
-    await _admit(fc, replica, alone, owed)
+    if not _slot_now(fc, replica, alone, owed):  # `_admit`, without its coroutine when free
+        await _wait_for_slot(fc, replica, alone, owed)
     try:
         response = await _post(fc, replica, path, raw)
     finally:
@@ -57,16 +58,29 @@ async def attempt(
 
 
 async def _admit(fc: ForwardContext, replica: Replica, alone: bool, owed: bool = False) -> None:
-    """Wait for a slot on the replica, within the queue's size and time bounds; `owed`: an
-    item of an admitted score batch (`ForwardContext.owe`), which waits as long as it takes."""
+    """A slot on the replica: at once where one is free, else after a wait in the queue."""
+    if not _slot_now(fc, replica, alone, owed):
+        await _wait_for_slot(fc, replica, alone, owed)
+
+
+def _slot_now(fc: ForwardContext, replica: Replica, alone: bool, owed: bool) -> bool:
+    """A slot on the replica taken at once: one is free and nobody waits ahead (no queue entry,
+    no timer, no coroutine). Refused where the queue is full; `owed`: an item of an admitted
+    score batch (`ForwardContext.owe`), never refused for it."""
     settings = fc.request_settings
     if fc.queued >= settings.max_queue and not owed:
         raise fc.refused("queue_full", Overloaded(
             f"{fc.queued} requests already wait for a replica slot, the limit "
             f"(GRM_MAX_QUEUE={settings.max_queue}): retry later; raise GRM_MAX_QUEUE or add "
             "replicas", retry_after=1))
-    if replica.gate.try_acquire(alone, settings.max_inflight_per_replica):
-        return  # a free slot and nobody ahead: no queue entry, no timer
+    return replica.gate.try_acquire(alone, settings.max_inflight_per_replica)
+
+
+async def _wait_for_slot(fc: ForwardContext, replica: Replica, alone: bool,
+                         owed: bool) -> None:
+    """Wait in the queue for a slot on the replica, within its time bound (an `owed` item
+    waits as long as it takes)."""
+    settings = fc.request_settings
     metrics = fc.metrics
     fc.queued += 1
     metrics.queue_depth.inc()

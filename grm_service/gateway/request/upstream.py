@@ -188,7 +188,9 @@ class _Connection(asyncio.Protocol):
     def time_out(self) -> None:
         self._fail(TimeoutError("no complete answer in time"))
 
-    async def exchange(self, head: bytes, body: Body, length: int) -> Answer:
+    def send(self, head: bytes, body: Body, length: int) -> asyncio.Future[Answer]:
+        """Write the request; its answer is the future's, and `done` is owed once it is
+        settled or given up (a future rather than a coroutine: one frame less per request)."""
         assert self.transport is not None
         waiter: asyncio.Future[Answer] = self.loop.create_future()
         self.waiter = waiter
@@ -198,12 +200,12 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"".join((head, *body)))
         else:
             self.transport.writelines((head, *body))
-        deadlines = self.deadlines
-        deadlines.watch(self)
-        try:
-            return await waiter
-        finally:
-            deadlines.waiting.discard(self)
+        self.deadlines.watch(self)
+        return waiter
+
+    def done(self) -> None:
+        """The answer `send` waited for is in, or given up: its deadline is no longer watched."""
+        self.deadlines.waiting.discard(self)
 
     def close(self) -> None:
         self.reusable = False
@@ -262,11 +264,13 @@ class Upstream:
         replica.users += 1
         slots = replica.slots
         try:
-            if slots.locked():
+            # Every holder and waiter is a user: with no more users than slots, one is free
+            # and `acquire` returns at once, with no timer (cheaper than `slots.locked()`).
+            if replica.users > self.max_connections:
                 async with asyncio.timeout(self.timeout_s):
                     await slots.acquire()
             else:
-                await slots.acquire()  # free: returns at once, no timer
+                await slots.acquire()
             try:
                 return await self._send(replica, head, body, length)
             finally:
@@ -277,34 +281,37 @@ class Upstream:
 
     async def _send(self, replica: _Replica, head: bytes, body: Body, length: int) -> Answer:
         idle = replica.idle
-        while idle:
-            conn = idle.pop()  # the most recently used: the least likely to be closed by now
-            if not conn.reusable:  # closed, its connection_lost not yet run
-                self._discard(conn)
-                continue
+        conn = self._reused(idle)
+        fresh = conn is None
+        while True:
+            if conn is None:
+                conn = await self._connect(replica)
             try:
-                return await self._exchange(conn, idle, head, body, length)
-            except ConnectionError:
-                if conn.answered_bytes:
+                answer = await conn.send(head, body, length)
+            except BaseException as err:  # cancelled mid-answer too: its state is unknown
+                conn.done()
+                self._discard(conn)
+                if fresh or not isinstance(err, ConnectionError) or conn.answered_bytes:
                     raise
                 # The replica closed the idle connection as we reused it: nothing was answered,
                 # so a fresh connection gets the same request.
-                break
-        conn = await self._connect(replica)
-        return await self._exchange(conn, idle, head, body, length)
+                conn, fresh = None, True
+                continue
+            conn.done()
+            if conn.reusable:
+                idle.append(conn)
+            else:
+                self._discard(conn)
+            return answer
 
-    async def _exchange(self, conn: _Connection, idle: list[_Connection], head: bytes,
-                        body: Body, length: int) -> Answer:
-        try:
-            answer = await conn.exchange(head, body, length)
-        except BaseException:  # cancelled mid-answer too: the connection's state is unknown
-            self._discard(conn)
-            raise
-        if conn.reusable:
-            idle.append(conn)
-        else:
-            self._discard(conn)
-        return answer
+    def _reused(self, idle: list[_Connection]) -> _Connection | None:
+        """The most recently used idle connection (the least likely to be closed by now)."""
+        while idle:
+            conn = idle.pop()
+            if conn.reusable:
+                return conn
+            self._discard(conn)  # closed, its connection_lost not yet run
+        return None
 
     async def _connect(self, replica: _Replica) -> _Connection:
         loop = asyncio.get_running_loop()

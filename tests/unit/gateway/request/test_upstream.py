@@ -8,6 +8,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ class Server:
     close_after: bool = False  # close each connection once it answered
     idle_close_s: float | None = None  # close a connection idle this long (vLLM: 5 s)
     hold_s: float = 0.0  # time each answer takes
+    second: bytes | None = None  # a connection's second request: these bytes, then a close
     connections: int = 0
     most_open: int = 0  # connections open at once, at most
     open_now: int = 0
@@ -47,7 +49,7 @@ class Server:
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
         try:
-            while True:
+            for count in range(1, 1 << 30):
                 async with asyncio.timeout(self.idle_close_s):
                     head = await reader.readuntil(b"\r\n\r\n")
                 self.targets.append(head.split(b" ")[1])
@@ -56,6 +58,10 @@ class Server:
                 body = await reader.readexactly(length)
                 self.bodies.append(body)
                 await asyncio.sleep(self.hold_s)
+                if count == 2 and self.second is not None:
+                    writer.write(self.second)
+                    await writer.drain()
+                    return
                 answer = self.reply(body)
                 if answer is None:
                     await asyncio.sleep(3600)
@@ -78,7 +84,7 @@ Serve = Callable[..., Awaitable[Server]]
 async def serve() -> AsyncIterator[Serve]:
     servers: list[asyncio.Server] = []
 
-    async def started(reply: Reply, close_after: bool = False, **behaviour: float) -> Server:
+    async def started(reply: Reply, close_after: bool = False, **behaviour: Any) -> Server:
         state = Server(reply, close_after, **behaviour)
         server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
         servers.append(server)
@@ -120,6 +126,30 @@ async def test_replica_closing_idle_connections_is_not_an_error(
         await asyncio.sleep(0.01)
         assert await pool.post(srv.url, "/p", b"%d" % i) == (200, b"%d" % i)
     assert srv.connections == 3
+
+
+async def test_an_idle_connection_closed_as_it_is_reused_sends_again_on_a_fresh_one(
+    serve: Serve,
+) -> None:
+    """The replica closed the kept connection as the request went out (its keep-alive timeout
+    and the request crossed): nothing was answered, so the request goes again, on a new
+    connection; once, since a fresh connection that fails is the replica's failure."""
+    srv = await serve(lambda body: ok(body), second=b"")
+    pool = Upstream(5.0)
+    assert await pool.post(srv.url, "/p", b"a") == (200, b"a")
+    assert await pool.post(srv.url, "/p", b"b") == (200, b"b")
+    assert srv.bodies == [b"a", b"b", b"b"] and srv.connections == 2
+
+
+async def test_a_reused_connection_that_answered_in_part_is_not_sent_again(
+    serve: Serve,
+) -> None:
+    srv = await serve(lambda body: ok(body), second=b"HTTP/1.1 200 OK\r\ncontent-len")
+    pool = Upstream(5.0)
+    assert await pool.post(srv.url, "/p", b"a") == (200, b"a")
+    with pytest.raises(ConnectionError):
+        await pool.post(srv.url, "/p", b"b")
+    assert srv.bodies == [b"a", b"b"] and srv.connections == 1
 
 
 async def test_connections_the_replica_closed_while_idle_leave_the_pool(serve: Serve) -> None:
