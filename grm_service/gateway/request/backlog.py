@@ -6,8 +6,9 @@ The rule: a batch is admitted when the items already owed plus its own stay with
 always taken, up to GRM_MAX_SCORE_ITEMS), or when it brings nothing to owe (a group's items
 that wait for the rest of their group: `GRM_GROUP_MAX_OPEN` bounds those). Past it the batch
 is refused with 429 and a Retry-After before any of its items runs. An admitted batch's items
-are owed service: they wait for their replica's slot as long as it takes (`exchange._admit`),
-never refused for queue time half-way, which would throw away the items already scored.
+are owed service: they wait for their replica's slot as long as it takes
+(`exchange._wait_for_slot`), never refused for queue time half-way, which would throw away the
+items already scored.
 
 Slots: a replica serves one request at a time where requests run alone on it (an engine
 without batch-invariant kernels, `--serialize on`, a replica whose canary failed co-batching),

@@ -48,19 +48,13 @@ async def attempt(
     fc: ForwardContext, replica: Replica, path: str, raw: Body, alone: bool, owed: bool = False
 ) -> tuple[dict[str, Any], bytes]:
     """The replica's payload for `raw`, and its bytes where they are strict JSON of it."""
-    if not _slot_now(fc, replica, alone, owed):  # `_admit`, without its coroutine when free
+    if not _slot_now(fc, replica, alone, owed):  # a free slot costs no coroutine
         await _wait_for_slot(fc, replica, alone, owed)
     try:
         response = await _post(fc, replica, path, raw)
     finally:
         await replica.gate.release(alone)
     return _decode(replica, response)
-
-
-async def _admit(fc: ForwardContext, replica: Replica, alone: bool, owed: bool = False) -> None:
-    """A slot on the replica: at once where one is free, else after a wait in the queue."""
-    if not _slot_now(fc, replica, alone, owed):
-        await _wait_for_slot(fc, replica, alone, owed)
 
 
 def _slot_now(fc: ForwardContext, replica: Replica, alone: bool, owed: bool) -> bool:

@@ -94,8 +94,8 @@ async def test_a_request_waiting_on_a_replica_that_went_down_fails_over() -> Non
     settings = Settings(model="/models/m", queue_timeout_s=5)
     gw = ForwardContext(settings=settings, pool=ReplicaPool([replica]), client=Upstream(5.0),
                         metrics=Metrics(), identity=ServiceIdentity(settings))
-    await exchange._admit(gw, replica, alone=True)  # the request in flight holds the slot
-    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True))
+    assert exchange._slot_now(gw, replica, True, False)  # the request in flight holds it
+    waiting = asyncio.create_task(exchange._wait_for_slot(gw, replica, True, False))
     await asyncio.sleep(0.05)
     assert not waiting.done()
     replica.state = ReplicaState.DOWN  # the keeper saw it die

@@ -30,11 +30,17 @@ def value(gw: ForwardContext, name: str, **labels: str) -> float:
     return 0.0 if found is None else found
 
 
+async def admit(gw: ForwardContext, replica: Replica, owed: bool = False) -> None:
+    """A slot for a request run alone, as `exchange.attempt` takes it."""
+    if not exchange._slot_now(gw, replica, True, owed):
+        await exchange._wait_for_slot(gw, replica, True, owed)
+
+
 async def test_a_queued_request_is_counted_while_it_waits_and_its_wait_observed() -> None:
     gw, replica = gateway(queue_timeout_s=5)
-    await exchange._admit(gw, replica, alone=True)  # holds the only slot: no wait, not observed
+    assert exchange._slot_now(gw, replica, True, False)  # the only slot: no wait, not observed
     assert value(gw, "grm_queue_wait_seconds_count") == 0
-    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True))
+    waiting = asyncio.create_task(admit(gw, replica))
     async with asyncio.timeout(5):
         while not gw.queued:  # the task is in the queue
             await asyncio.sleep(0)
@@ -57,7 +63,7 @@ async def test_each_429_is_counted_by_its_reason_and_names_its_setting(
     gw, replica = gateway(**over)
     replica.gate.try_acquire(True)  # the replica is busy
     with pytest.raises(Overloaded) as refused:
-        await exchange._admit(gw, replica, alone=True)
+        await admit(gw, replica)
     assert value(gw, "grm_rejected_total", reason=reason) == 1
     assert value(gw, "grm_queue_depth") == 0
     assert setting in refused.value.message and "raise" in refused.value.message
@@ -66,7 +72,7 @@ async def test_each_429_is_counted_by_its_reason_and_names_its_setting(
 async def test_an_admitted_score_item_waits_past_the_queue_timeout_and_a_full_queue() -> None:
     gw, replica = gateway(queue_timeout_s=0.05, max_queue=0)
     replica.gate.try_acquire(True)  # the replica is busy for longer than the queue timeout
-    waiting = asyncio.create_task(exchange._admit(gw, replica, alone=True, owed=True))
+    waiting = asyncio.create_task(admit(gw, replica, owed=True))
     await asyncio.sleep(0.2)
     assert not waiting.done() and gw.queued == 1
     await replica.gate.release(True)
